@@ -1,0 +1,76 @@
+// Package cli is the `virtx` command line: thin cobra commands over the library packages.
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"virtx.dev/virtx/internal/server"
+)
+
+// exitError carries a process exit code through cobra.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
+
+// Main runs the command line and returns the process's exit code.
+func Main(args []string) int {
+	if filepath.Base(args[0]) == "virtx-uvm" && len(args) == 1 {
+		args = append(args, "serve")
+	}
+	root := newRoot()
+	root.SetArgs(args[1:])
+	err := root.Execute()
+	var ee exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	default:
+		fmt.Fprintln(os.Stderr, "virtx:", err)
+		return 125
+	}
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "virtx",
+		Short:         "Run commands in disposable Linux sessions",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newServe(), newRun(), newVersion())
+	return root
+}
+
+func newVersion() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintln(cmd.OutOrStdout(), "virtx", server.Version)
+			return nil
+		},
+	}
+}
+
+// logger logs to stderr (stdout is the protocol's) at the level $VIRTX_LOG names
+// (debug, info, warn, error; warn when unset).
+func logger(level string) *slog.Logger {
+	if level == "" {
+		level = os.Getenv("VIRTX_LOG")
+	}
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
+		l = slog.LevelWarn
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}

@@ -1,0 +1,114 @@
+package conformance
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"virtx.dev/virtx/protocol"
+)
+
+// target is one backend as the suite sees it: how a test tree is placed, and the cases it
+// declares it cannot run (with why) or answers with another code.
+type target struct {
+	name string
+	// guestPathFor says where a host directory is seen in a session. The host backend
+	// mounts nothing, so a tree is seen at its own path.
+	guestPathFor func(hostDir, name string) string
+	// unsupported: case name → the reason this backend cannot run it.
+	unsupported map[string]string
+	// codes: what this backend answers for things the protocol leaves to the backend.
+	codes map[string]protocol.Code
+}
+
+var targets = map[string]target{
+	"host": {
+		name:         "host",
+		guestPathFor: func(hostDir, _ string) string { return hostDir },
+		unsupported: map[string]string{
+			"snapshot/roundtrip":     "the host backend has no layer of the session's writes (it answers -32601)",
+			"init/network-off":       "the host backend cannot take the network away (it answers -32010)",
+			"init/machine-shape":     "the host backend enforces no limits (it answers -32013)",
+			"trees/elsewhere":        "the host backend mounts nothing, so a tree is only seen at its own path",
+			"trees/ro-command-erofs": "the host backend enforces ro for the write method only",
+		},
+		codes: map[string]protocol.Code{
+			"snapshot":       protocol.CodeMethodNotFound,
+			"network-off":    protocol.CodeUnsupportedNetwork,
+			"image":          protocol.CodeUnsupportedImage,
+			"init-snapshot":  protocol.CodeUnsupportedImage,
+			"machine-shape":  protocol.CodeUnsupportedMachine,
+			"tree-elsewhere": protocol.CodeUnsupportedMount,
+		},
+	},
+}
+
+// selectedTargets are the backends named by VIRTX_CONFORMANCE_BACKENDS (default host).
+func selectedTargets(t *testing.T) []target {
+	names := os.Getenv("VIRTX_CONFORMANCE_BACKENDS")
+	if names == "" {
+		names = "host"
+	}
+	var out []target
+	for _, n := range strings.Split(names, ",") {
+		tg, ok := targets[strings.TrimSpace(n)]
+		if !ok {
+			t.Fatalf("VIRTX_CONFORMANCE_BACKENDS names %q, which the suite does not know", n)
+		}
+		out = append(out, tg)
+	}
+	return out
+}
+
+// env is what a case is given: the backend, and a way to make trees.
+type env struct {
+	t      *testing.T
+	target target
+}
+
+// tree makes a host directory holding files, and the mount string and guest path under
+// which a session sees it.
+func (e *env) tree(name string, ro bool, files map[string]string) (hostDir, guest string, m protocol.Mount) {
+	e.t.Helper()
+	hostDir = filepath.Join(e.t.TempDir(), name)
+	if err := os.MkdirAll(hostDir, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	for p, content := range files {
+		full := filepath.Join(hostDir, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			e.t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	guest = e.target.guestPathFor(hostDir, name)
+	return hostDir, guest, protocol.Mount{URL: "file://" + hostDir, GuestPath: guest, ReadOnly: ro}
+}
+
+// code is what this backend answers for a backend-specific refusal, else def.
+func (e *env) code(key string, def protocol.Code) protocol.Code {
+	if c, ok := e.target.codes[key]; ok {
+		return c
+	}
+	return def
+}
+
+func (e *env) peer() *peer { return startPeer(e.t, e.target.name) }
+
+func TestConformance(t *testing.T) {
+	for _, tg := range selectedTargets(t) {
+		t.Run(tg.name, func(t *testing.T) {
+			for _, c := range cases {
+				t.Run(c.name, func(t *testing.T) {
+					if why, ok := tg.unsupported[c.name]; ok {
+						t.Skipf("declared unsupported on %s: %s", tg.name, why)
+					}
+					c.run(&env{t: t, target: tg})
+				})
+			}
+		})
+	}
+}
