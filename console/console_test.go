@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -547,21 +548,30 @@ func TestCancelWhileTheServerIsNotReading(t *testing.T) {
 		}
 		return false
 	}
-	c, _ := open(t, s)
+	h := startFake(t, s)
+	bigWrite := make(chan struct{}, 1)
+	w := &watchWriter{WriteCloser: h.clientW, big: bigWrite}
+	c, err := New(context.Background(), h.clientR, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
 	if _, err := c.Exec(context.Background(), []string{"echo", "first"}); err != nil {
 		t.Fatal(err)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
 		_, err := c.Write(ctx, "/big", bytes.Repeat([]byte("x"), 1<<20))
 		errc <- err
 	}()
+	<-bigWrite // the frame is being written, and nobody reads it
+	cancel()
 	select {
 	case err := <-errc:
-		if !errors.Is(err, context.DeadlineExceeded) {
+		if !errors.Is(err, context.Canceled) {
 			t.Errorf("write: %v", err)
 		}
 	case <-time.After(5 * time.Second):
@@ -587,6 +597,22 @@ func TestCancelWhileTheServerIsNotReading(t *testing.T) {
 	if len(s.file("/big")) != 1<<20 {
 		t.Errorf("the abandoned write did not land whole")
 	}
+}
+
+// watchWriter says when a write of more than 64 KiB begins.
+type watchWriter struct {
+	io.WriteCloser
+	big chan struct{}
+}
+
+func (w *watchWriter) Write(p []byte) (int, error) {
+	if len(p) > 64<<10 {
+		select {
+		case w.big <- struct{}{}:
+		default:
+		}
+	}
+	return w.WriteCloser.Write(p)
 }
 
 func TestConcurrentCallsAreSerialised(t *testing.T) {
@@ -898,12 +924,18 @@ func TestRequestLargerThanAFrameIsRefusedLocally(t *testing.T) {
 
 func TestNewCancelledDuringInit(t *testing.T) {
 	s := newFake()
-	s.hook = func(s *fakeServer, m *protocol.Message) bool { return m.Method == "init" } // never answered
-	h := startFake(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	s.hook = func(s *fakeServer, m *protocol.Message) bool { // never answered
+		if m.Method == "init" {
+			cancel()
+			return true
+		}
+		return false
+	}
+	h := startFake(t, s)
 	c, err := New(ctx, h.clientR, h.clientW)
-	if c != nil || !errors.Is(err, context.DeadlineExceeded) {
+	if c != nil || !errors.Is(err, context.Canceled) {
 		t.Fatalf("New = %v, %v", c, err)
 	}
 	h.waitServed(t)

@@ -531,6 +531,10 @@ func (r *InitResult) AppendBSON(dst []byte) []byte {
 type ExecParams struct {
 	Cmd       []string
 	TimeoutMS *uint64
+	// Cwd is an extension member used only between a server and the executor inside a
+	// boundary (internal/relay): where the session stands. A public client never sends
+	// it, and a server ignores it if one does: the session's cwd is the server's.
+	Cwd string
 }
 
 func (p *ExecParams) AppendBSON(dst []byte) []byte {
@@ -539,6 +543,9 @@ func (p *ExecParams) AppendBSON(dst []byte) []byte {
 	if p.TimeoutMS != nil {
 		dst = bsoncore.AppendInt64Element(dst, "timeout_ms", int64(*p.TimeoutMS))
 	}
+	if p.Cwd != "" {
+		dst = bsoncore.AppendStringElement(dst, "cwd", p.Cwd)
+	}
 	return docEnd(dst, idx)
 }
 
@@ -546,7 +553,7 @@ func decodeExecParams(doc bsoncore.Document) (*ExecParams, error) {
 	r := &fieldReader{doc: doc}
 	cmd, ok, err := getStrings(doc, "cmd")
 	r.keep(err)
-	p := &ExecParams{Cmd: cmd, TimeoutMS: r.uintPtr("timeout_ms")}
+	p := &ExecParams{Cmd: cmd, TimeoutMS: r.uintPtr("timeout_ms"), Cwd: r.str("cwd", false)}
 	if r.err != nil {
 		return nil, r.err
 	}
@@ -565,6 +572,9 @@ type ExecResult struct {
 	Stdout    []byte
 	Stderr    []byte
 	Truncated bool
+	// Cwd is an extension member, set only by an executor answering a server through
+	// internal/relay: where the session stands after the command. Never sent to clients.
+	Cwd string
 }
 
 func (r *ExecResult) AppendBSON(dst []byte) []byte {
@@ -573,6 +583,9 @@ func (r *ExecResult) AppendBSON(dst []byte) []byte {
 	dst = appendBinary(dst, "stdout", r.Stdout)
 	dst = appendBinary(dst, "stderr", r.Stderr)
 	dst = bsoncore.AppendBooleanElement(dst, "truncated", r.Truncated)
+	if r.Cwd != "" {
+		dst = bsoncore.AppendStringElement(dst, "cwd", r.Cwd)
+	}
 	return docEnd(dst, idx)
 }
 
@@ -716,7 +729,7 @@ var methodTable = map[string]methodInfo{
 			if !ok || code < -1<<31 || code > 1<<31-1 {
 				r.keep(fmt.Errorf("code: want an int32"))
 			}
-			res := &ExecResult{Code: int32(code), Stdout: r.bytes("stdout"), Stderr: r.bytes("stderr")}
+			res := &ExecResult{Code: int32(code), Stdout: r.bytes("stdout"), Stderr: r.bytes("stderr"), Cwd: r.str("cwd", false)}
 			if b := r.boolPtr("truncated"); b != nil {
 				res.Truncated = *b
 			}

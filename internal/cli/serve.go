@@ -54,6 +54,8 @@ strongest boundary this host supports.`,
 				srv.Abort()
 				os.Exit(128 + int(sig.(syscall.Signal)))
 			}()
+			growPipe(os.Stdin)
+			growPipe(os.Stdout)
 			log.Debug("serving", "backend", b.Name())
 			return srv.Serve(ctx, os.Stdin, os.Stdout)
 		},

@@ -71,10 +71,15 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func startPeer(t testing.TB, backend string, env ...string) *peer {
+func startPeer(t testing.TB, backend string) *peer {
 	t.Helper()
-	cmd := exec.Command(virtxBin, "serve", "--backend", backend)
-	cmd.Env = append(os.Environ(), env...)
+	return startPeerArgs(t, "serve", "--backend", backend)
+}
+
+// startPeerArgs starts the binary with exactly these arguments.
+func startPeerArgs(t testing.TB, args ...string) *peer {
+	t.Helper()
+	cmd := exec.Command(virtxBin, args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -331,13 +331,19 @@ func (e *Executor) run(ctx context.Context, req ExecRequest, cwd string) (ExecRe
 	if stopErr != nil {
 		e.killTree(&selector{groups: map[int]procID{id.pid: id}})
 		<-waited
-		e.unregister(id)
+		e.mu.Lock()
+		if e.running[id.pid] == id {
+			delete(e.running, id.pid)
+		}
+		e.mu.Unlock()
 		stdout.abort()
 		stderr.abort()
 		e.reap()
 		return ExecResult{}, stopErr
 	}
-	e.unregister(id)
+	// From here on, what is left of the command (background processes) is
+	// found through its process group.
+	e.finished(id)
 
 	deadline := time.Now().Add(drainGrace)
 	res := ExecResult{Cwd: cwd}
@@ -345,7 +351,6 @@ func (e *Executor) run(ctx context.Context, req ExecRequest, cwd string) (ExecRe
 	res.Stdout, outTrunc = stdout.finish(deadline)
 	res.Stderr, errTrunc = stderr.finish(deadline)
 	res.Truncated = outTrunc || errTrunc
-	e.track(id)
 	e.reap()
 
 	if cmd.ProcessState == nil {
@@ -364,15 +369,6 @@ func (e *Executor) run(ctx context.Context, req ExecRequest, cwd string) (ExecRe
 		return ExecResult{}, fmt.Errorf("exec %q: unexpected wait status %#x", name, uint32(ws))
 	}
 	return res, nil
-}
-
-// unregister forgets a command os/exec has reaped.
-func (e *Executor) unregister(id procID) {
-	e.mu.Lock()
-	if e.running[id.pid] == id {
-		delete(e.running, id.pid)
-	}
-	e.mu.Unlock()
 }
 
 // capture collects one output stream of a command, keeping at most limit

@@ -373,7 +373,12 @@ func TestExecContextCancel(t *testing.T) {
 	e := newTestExecutor(t, Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		waitFor(t, "sleep 9881 to start", func() bool { return len(liveProcs(t, "sleep", "9881")) > 0 })
+		// Cancel once the tree is up (or after a while regardless).
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if len(liveProcs(t, "sleep", "9881")) > 0 && len(liveProcs(t, "sleep", "9882")) > 0 {
+				break
+			}
+		}
 		cancel()
 	}()
 	_, err := e.Exec(ctx, ExecRequest{Cmd: []string{"sh", "-c", "sleep 9881 & sleep 9882"}, Cwd: "/"})
@@ -397,8 +402,9 @@ func TestExecBackgroundProcess(t *testing.T) {
 	dir := t.TempDir()
 	begin := time.Now()
 	// The background sleep keeps the pipes open; output written before the
-	// shell exits, and shortly after, is still collected.
-	res := mustExec(t, e, dir, "sh", "-c", "echo before; sleep 9891 & echo after; (sleep 0.05; echo late >&2) &")
+	// shell exits, and shortly after (once the shell is gone), is still
+	// collected.
+	res := mustExec(t, e, dir, "sh", "-c", `echo before; sleep 9891 & echo after; (while kill -0 $$ 2>/dev/null; do sleep 0.01; done; echo late >&2) &`)
 	if d := time.Since(begin); d > 5*time.Second {
 		t.Errorf("Exec took %v with a background process holding the pipe", d)
 	}

@@ -234,12 +234,16 @@ func (e *Executor) killTree(s *selector) {
 	}
 }
 
-// track remembers the process group of a finished command if anything is
-// left in it (a background process), so KillAll can find it, and forgets
-// groups that have emptied.
-func (e *Executor) track(leader procID) {
+// finished moves a command os/exec has reaped from the running ones to the
+// groups KillAll will look in, if anything is left in its process group
+// (background processes), and forgets groups that have emptied. Both
+// happen in one critical section so KillAll never misses the group.
+func (e *Executor) finished(leader procID) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if e.running[leader.pid] == leader {
+		delete(e.running, leader.pid)
+	}
 	e.groups[leader.pid] = leader
 	for g, l := range e.groups {
 		if unix.Kill(-g, 0) == unix.ESRCH {

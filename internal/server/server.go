@@ -11,7 +11,7 @@
 // machine down under the exec, quit (or EOF) lets the exec finish and be answered first.
 //
 // Errors from backends and the executor become protocol codes in exactly one place
-// (toProtocolError).
+// (fault.ToProtocol).
 package server
 
 import (
@@ -22,6 +22,7 @@ import (
 	"sync"
 
 	"virtx.dev/virtx/internal/backend"
+	"virtx.dev/virtx/internal/fault"
 	"virtx.dev/virtx/protocol"
 )
 
@@ -144,12 +145,12 @@ func (s *Server) reply(doc []byte) {
 
 func (s *Server) answer(msg *protocol.Message, result protocol.Payload, err error) {
 	if err != nil {
-		pe := toProtocolError(err)
+		pe := fault.ToProtocol(err)
 		s.log.Debug("answered with an error", "id", msg.ID, "method", msg.Method, "err", pe)
 		s.reply(protocol.AppendError(nil, msg.ID, true, pe))
 		return
 	}
-	buf := protocol.NewFrameBuffer(256)
+	buf := protocol.NewFrameBuffer(protocol.SizeHint(result))
 	buf = protocol.AppendResult(buf, msg.ID, msg.Method, result)
 	s.wmu.Lock()
 	defer s.wmu.Unlock()

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -318,27 +317,5 @@ func TestPortsHeldFromInitAndWaitForBoot(t *testing.T) {
 	// Re-init with the same port keeps holding it.
 	if m := c.call("init", &protocol.InitParams{Ports: []protocol.Port{port}}); m.Err != nil {
 		t.Fatalf("re-init with a port it holds: %v", m)
-	}
-}
-
-func TestErrorMapping(t *testing.T) {
-	for _, c := range []struct {
-		err  error
-		code protocol.Code
-	}{
-		{&executor.TimeoutError{After: 5 * time.Second}, protocol.CodeTimedOut},
-		{fmt.Errorf("x: %w", executor.ErrNotExecutable), protocol.CodeNotExecutable},
-		{fmt.Errorf("x: %w", executor.ErrReadOnly), protocol.CodeIOFailed},
-		{fmt.Errorf("%w: x", backend.ErrUnsupportedMount), protocol.CodeUnsupportedMount},
-		{fmt.Errorf("%w: x", backend.ErrMethodNotAvailable), protocol.CodeMethodNotFound},
-		{&protocol.Error{Code: protocol.CodeIsADirectory, Message: "relayed"}, protocol.CodeIsADirectory},
-		{errors.New("something odd"), protocol.CodeInternalError},
-	} {
-		if got := toProtocolError(c.err); got.Code != c.code {
-			t.Errorf("%v → %v, want %v", c.err, got.Code, c.code)
-		}
-	}
-	if m := toProtocolError(&executor.TimeoutError{After: 5 * time.Second}).Message; m != "killed after 5000ms" {
-		t.Errorf("timeout message %q", m)
 	}
 }

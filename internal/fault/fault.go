@@ -1,4 +1,8 @@
-package server
+// Package fault is the one place an internal error becomes a protocol error code. The
+// server uses it for what it answers a client, and the relay inside a boundary for what
+// an executor answers the server; an error that already is a *protocol.Error passes
+// through untouched, so a code chosen inside a guest reaches the client as it was.
+package fault
 
 import (
 	"context"
@@ -12,9 +16,8 @@ import (
 	"virtx.dev/virtx/protocol"
 )
 
-// toProtocolError is the one place an internal error becomes a protocol error code. An
-// error that already is one (relayed from an executor inside a boundary) passes through.
-func toProtocolError(err error) *protocol.Error {
+// ToProtocol maps err to the protocol error a peer is answered with.
+func ToProtocol(err error) *protocol.Error {
 	var pe *protocol.Error
 	if errors.As(err, &pe) {
 		return pe
