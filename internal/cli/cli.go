@@ -47,8 +47,15 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newServe(), newRun(), newVersion())
+	for _, mk := range extraCommands {
+		root.AddCommand(mk())
+	}
 	return root
 }
+
+// extraCommands are added by the files of this package that own them (doctor, image,
+// setup…), each in its own init, so a new command touches no shared list.
+var extraCommands []func() *cobra.Command
 
 func newVersion() *cobra.Command {
 	return &cobra.Command{

@@ -50,7 +50,7 @@ session that could not be made, 127 for a program that is not there, 124 for --t
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.backend, "backend", "auto", "where commands run: auto, host")
+	fl.StringVar(&f.backend, "backend", "auto", "where commands run: "+strings.Join(backendNames(), ", "))
 	fl.StringVar(&f.image, "image", "", "image to run on: a reference (name:tag) or a digest (sha256:…)")
 	fl.StringArrayVarP(&f.mounts, "mount", "v", nil, "a host directory in the session: HOST:GUEST[:ro] (repeatable, in order)")
 	fl.StringArrayVarP(&f.ports, "publish", "p", nil, "a port into the session: HOST:GUEST, listening on 127.0.0.1:HOST (repeatable)")

@@ -5,25 +5,68 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sort"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"virtx.dev/virtx/internal/backend"
-	"virtx.dev/virtx/internal/backend/host"
 	"virtx.dev/virtx/internal/server"
 )
 
-// backends lists what `--backend` accepts; auto picks the strongest boundary this host
-// can give.
-var backendNames = []string{"auto", "host"}
+// backendFactory makes a backend for `virtx serve`. Each backend registers its own in
+// its own file of this package (backend_host.go, …).
+type backendFactory struct {
+	name string
+	// rank orders backends for auto: the highest that is available wins.
+	rank int
+	// available says whether this host can run the backend (nil: always), and if not why.
+	available func() error
+	make      func() (backend.Backend, error)
+}
 
-func pickBackend(name string) (backend.Backend, error) {
-	switch name {
-	case "auto", "host":
-		return host.New(host.WithSubreaper()), nil
+var backendFactories = map[string]backendFactory{}
+
+func registerBackend(f backendFactory) { backendFactories[f.name] = f }
+
+func backendNames() []string {
+	names := []string{"auto"}
+	for n := range backendFactories {
+		names = append(names, n)
 	}
-	return nil, fmt.Errorf("unknown backend %q (want one of %v)", name, backendNames)
+	sort.Strings(names[1:])
+	return names
+}
+
+// pickBackend resolves a --backend name; auto takes the strongest available boundary.
+func pickBackend(name string) (backend.Backend, error) {
+	if name == "auto" {
+		var best *backendFactory
+		for _, f := range backendFactories {
+			if f.available != nil && f.available() != nil {
+				continue
+			}
+			if best == nil || f.rank > best.rank {
+				f := f
+				best = &f
+			}
+		}
+		if best == nil {
+			return nil, fmt.Errorf("no backend is available on this host")
+		}
+		return best.make()
+	}
+	f, ok := backendFactories[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown backend %q (want one of %v)", name, backendNames())
+	}
+	if f.available != nil {
+		if err := f.available(); err != nil {
+			return nil, fmt.Errorf("backend %s is not available here: %w", name, err)
+		}
+	}
+	return f.make()
 }
 
 func newServe() *cobra.Command {
@@ -60,7 +103,7 @@ strongest boundary this host supports.`,
 			return srv.Serve(ctx, os.Stdin, os.Stdout)
 		},
 	}
-	cmd.Flags().StringVar(&backendName, "backend", "auto", "where commands run: auto, host")
+	cmd.Flags().StringVar(&backendName, "backend", "auto", "where commands run: "+strings.Join(backendNames(), ", "))
 	cmd.Flags().StringVar(&logLevel, "log-level", "", "debug, info, warn or error (default $VIRTX_LOG, else warn)")
 	return cmd
 }
