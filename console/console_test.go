@@ -410,18 +410,20 @@ func TestCloseIsIdempotentAndQuitsOnce(t *testing.T) {
 func TestCloseAnswersTheCallInFlight(t *testing.T) {
 	// A call still running when Close sends quit is answered if the server answers it.
 	s := newFake()
-	release := make(chan struct{})
+	release, replied := make(chan struct{}), make(chan struct{})
 	s.hook = func(s *fakeServer, m *protocol.Message) bool {
 		if m.Method == "exec" {
 			go func() {
 				<-release
 				s.reply(m.ID, "exec", &protocol.ExecResult{Stdout: []byte("late")})
+				close(replied)
 			}()
 			return true
 		}
 		return false
 	}
-	s.afterEOF = func(*fakeServer) { close(release); time.Sleep(20 * time.Millisecond) }
+	// The server reads quit and the end of its input, answers, and only then exits.
+	s.afterEOF = func(*fakeServer) { close(release); <-replied }
 	c, _ := open(t, s)
 	done := make(chan error, 1)
 	go func() {

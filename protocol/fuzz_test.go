@@ -45,6 +45,8 @@ func seedDocs() [][]byte {
 		AppendResult(nil, 3, MethodListImages, &ListImagesResult{Images: []ImageEntry{{Digest: digest64, Refs: []string{"a:b"}}}}),
 		AppendResult(nil, 4, MethodInit, &InitResult{Cwd: "/work"}),
 		AppendResult(nil, 5, MethodExec, &ExecResult{Code: 1, Stdout: []byte("hi\n"), Stderr: []byte{0xff}, Truncated: true}),
+		AppendRequest(nil, 5, MethodExec, &ExecParams{Cmd: []string{"pwd"}, Cwd: "/work"}),
+		AppendResult(nil, 5, MethodExec, &ExecResult{Stdout: []byte("/work\n"), Cwd: "/work"}),
 		AppendResult(nil, 6, MethodRead, &ReadResult{Data: []byte("x"), Size: 10000}),
 		AppendResult(nil, 7, MethodWrite, &WriteResult{Size: 3}),
 		AppendResult(nil, 8, MethodSnapshot, &SnapshotResult{Blob: []byte("layer")}),
@@ -68,6 +70,14 @@ func seedDocs() [][]byte {
 func FuzzDecode(f *testing.F) {
 	for _, d := range seedDocs() {
 		f.Add(d)
+	}
+	// The decode tables: every refusal rule and every accepted variation, each a
+	// document a mutation is a byte or two away from something new.
+	for _, c := range refusalCases() {
+		f.Add(c.doc)
+	}
+	for _, c := range acceptCases() {
+		f.Add(c.doc)
 	}
 	f.Add([]byte{})
 	f.Add([]byte{5, 0, 0, 0, 0})

@@ -54,7 +54,7 @@ func unhex(s string) []byte {
 func bin(b string) bson.Binary { return bson.Binary{Subtype: 0, Data: []byte(b)} }
 
 func u64(n uint64) *uint64 { return &n }
-func ptrBool(b bool) *bool  { return &b }
+func ptrBool(b bool) *bool { return &b }
 
 // cmpOpts treats a nil and an empty slice alike: on the wire a missing `data` and an
 // empty Binary are the same fact ("omitted is empty").

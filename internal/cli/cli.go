@@ -21,8 +21,11 @@ func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
 // Main runs the command line and returns the process's exit code.
 func Main(args []string) int {
-	if filepath.Base(args[0]) == "virtx-uvm" && len(args) == 1 {
-		args = append(args, "serve")
+	switch name := filepath.Base(args[0]); {
+	case name == "virtx-uvm" && len(args) == 1:
+		args = append(args, "serve") // where the upstream clients look for their server
+	case name == "init" && len(args) == 1 && os.Getpid() == 1:
+		args = append(args, "__guest-init") // /init of a VM guest's initramfs
 	}
 	root := newRoot()
 	root.SetArgs(args[1:])

@@ -111,7 +111,10 @@
 // process's own process group, and that are not a command os/exec is
 // waiting on. A program that sets Subreaper should therefore run one
 // Executor, and start any other children of its own without Setpgid (they
-// stay in its group and are left alone). Without Subreaper, the executor
-// affects nothing beyond the processes it starts. Exported error values are
-// the only package-level variables.
+// stay in its group and are left alone). An executor running as PID 1
+// (sandbox, VM) should set Subreaper too: orphans come to PID 1 anyway, and
+// Subreaper is what makes the executor reap them. Without Subreaper, the
+// executor affects nothing beyond the processes it starts. /proc must be
+// mounted: it is how process trees are found. Besides error values, the
+// package has no package-level variables.
 package executor

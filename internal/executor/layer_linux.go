@@ -374,7 +374,7 @@ func (a *applier) openDir(parts []string, create bool) (int, error) {
 		unix.Close(cur)
 		if err != nil {
 			if err == unix.ELOOP || err == unix.ENOTDIR {
-				return -1, fmt.Errorf("%s is not a directory (a symlink?): %w", strings.Join(parts[:i+1], "/"), errEscape)
+				return -1, fmt.Errorf("%s is a symlink or not a directory: %w", strings.Join(parts[:i+1], "/"), errEscape)
 			}
 			return -1, err
 		}
@@ -384,6 +384,9 @@ func (a *applier) openDir(parts []string, create bool) (int, error) {
 }
 
 func (a *applier) apply(hdr *tar.Header, r io.Reader) error {
+	if hdr.Typeflag == tar.TypeXGlobalHeader {
+		return nil // archive-wide PAX records: nothing to create
+	}
 	parts, err := splitName(hdr.Name)
 	if err != nil || len(parts) == 0 {
 		return err // the root entry itself is skipped

@@ -314,8 +314,11 @@ func makeTar(t *testing.T, entries ...tarEntry) []byte {
 	for _, e := range entries {
 		hdr := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: 0o644, Size: int64(len(e.content)),
 			ModTime: layerTime, PAXRecords: e.pax}
-		if e.typ == tar.TypeDir {
+		switch e.typ {
+		case tar.TypeDir:
 			hdr.Mode = 0o755
+		case tar.TypeXGlobalHeader:
+			hdr = &tar.Header{Typeflag: e.typ, PAXRecords: e.pax}
 		}
 		if e.typ != tar.TypeReg {
 			hdr.Size = 0
@@ -344,6 +347,8 @@ func TestApplyLayerOverExisting(t *testing.T) {
 	writeFile(t, upper+"/untouched", "u", 0o644) // not in the layer
 
 	b := makeTar(t,
+		tarEntry{typ: tar.TypeXGlobalHeader, pax: map[string]string{"comment": "global"}},
+		tarEntry{name: "./", typ: tar.TypeDir},
 		tarEntry{name: ".wh.gone", typ: tar.TypeReg},
 		tarEntry{name: "file-was-dir", typ: tar.TypeReg, content: "now a file"},
 		tarEntry{name: "d/", typ: tar.TypeDir},
