@@ -191,6 +191,7 @@ func (c *Console) call(ctx context.Context, method string, params protocol.Paylo
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
+		c.nextID--
 		return nil, c.termErr()
 	}
 	c.pending = p

@@ -76,6 +76,8 @@ func spawn(argv, env []string, stderr io.Writer) (p *process, stdin *os.File, er
 		inW.Close()
 		return nil, nil, fmt.Errorf("console: start server: %w", err)
 	}
+	growPipe(inW)
+	growPipe(outR)
 	tail := &tailWriter{w: stderr}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, tail

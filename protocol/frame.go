@@ -67,10 +67,14 @@ func readFrame(r io.Reader, hdr []byte) ([]byte, error) {
 	}
 	// The body is read into a buffer that grows as bytes arrive rather than one of the
 	// header's size up front: a header alone (4 bytes a peer can send and then stall or
-	// close after) must not cost 64 MiB. Each step at most doubles what was already
-	// received, so what is allocated stays within a small multiple of what was supplied,
-	// and the frame returned has exactly its own length and capacity.
-	buf := make([]byte, min(int(size), firstChunk))
+	// close after) must not cost 64 MiB. The buffer doubles while little has arrived,
+	// and once a fair share of the frame has (1/earnedShare), the rest is allocated at
+	// once — so what is allocated stays within a small multiple of what was supplied
+	// (about earnedShare+4 times, plus firstChunk), while an honest large frame costs
+	// about 1.5 times its size in allocation rather than 3, and is copied half a time
+	// rather than twice. The frame returned has exactly its own length and capacity.
+	total := int(size)
+	buf := make([]byte, min(total, firstChunk))
 	for n := 0; ; {
 		m, err := io.ReadFull(r, buf[n:])
 		n += m
@@ -80,17 +84,26 @@ func readFrame(r io.Reader, hdr []byte) ([]byte, error) {
 			}
 			return nil, err
 		}
-		if n == int(size) {
+		if n == total {
 			return buf, nil
 		}
-		next := make([]byte, min(int(size), 2*len(buf)))
+		grow := 2 * len(buf)
+		if total <= earnedShare*n {
+			grow = total
+		}
+		next := make([]byte, min(total, grow))
 		copy(next, buf)
 		buf = next
 	}
 }
 
-// firstChunk is how much of a frame's body is allocated before any of it has arrived.
-const firstChunk = 64 << 10
+const (
+	// firstChunk is how much of a frame's body is allocated before any of it has arrived.
+	firstChunk = 64 << 10
+	// earnedShare: once 1/earnedShare of a frame's body has arrived, the whole of it is
+	// allocated.
+	earnedShare = 8
+)
 
 // WriteFrame writes doc as one frame, in a single Write of header and body.
 func WriteFrame(w io.Writer, doc []byte) error {

@@ -157,15 +157,17 @@ func TestReadFrameTooLargeNotAllocated(t *testing.T) {
 // A header within the cap whose body never comes costs what arrived, not what it claimed:
 // 4 bytes must not buy 64 MiB.
 func TestReadFrameTruncatedNotAllocated(t *testing.T) {
-	for _, rd := range readers {
-		read := rd.read(bytes.NewReader(append(header(MaxPayload), "a few bytes"...)))
-		var err error
-		n := allocated(func() { _, err = read() })
-		if !errors.Is(err, ErrTruncated) {
-			t.Errorf("%s: %v, want ErrTruncated", rd.name, err)
-		}
-		if n > 1<<20 {
-			t.Errorf("%s: a 64 MiB header and 11 bytes allocated %d bytes", rd.name, n)
+	for _, supplied := range []int{11, 1 << 20} {
+		for _, rd := range readers {
+			read := rd.read(bytes.NewReader(append(header(MaxPayload), make([]byte, supplied)...)))
+			var err error
+			n := allocated(func() { _, err = read() })
+			if !errors.Is(err, ErrTruncated) {
+				t.Errorf("%s: %v, want ErrTruncated", rd.name, err)
+			}
+			if limit := uint64((earnedShare+4)*supplied + firstChunk); n > limit {
+				t.Errorf("%s: a 64 MiB header and %d bytes allocated %d bytes, want at most %d", rd.name, supplied, n, limit)
+			}
 		}
 	}
 }
@@ -218,7 +220,8 @@ func TestReadFrameOwnsBuffer(t *testing.T) {
 
 // Frames of sizes around the reader's growth steps read back whole, with exact capacity.
 func TestReadFrameSizes(t *testing.T) {
-	for _, n := range []int{1, 5, firstChunk - 1, firstChunk, firstChunk + 1, 3*firstChunk + 7, 1 << 20} {
+	for _, n := range []int{1, 5, firstChunk - 1, firstChunk, firstChunk + 1, 3*firstChunk + 7, 1 << 20,
+		earnedShare * firstChunk, earnedShare*firstChunk + 1, earnedShare*2*firstChunk - 1, 5<<20 + 3} {
 		body := make([]byte, n)
 		for i := range body {
 			body[i] = byte(i * 7)

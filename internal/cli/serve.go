@@ -97,6 +97,13 @@ strongest boundary this host supports.`,
 				srv.Abort()
 				os.Exit(128 + int(sig.(syscall.Signal)))
 			}()
+			if path := os.Getenv("VIRTX_CPUPROFILE"); path != "" {
+				stop, err := startCPUProfile(path)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			growPipe(os.Stdin)
 			growPipe(os.Stdout)
 			log.Debug("serving", "backend", b.Name())

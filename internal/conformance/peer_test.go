@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"virtx.dev/virtx/protocol"
 )
 
@@ -88,6 +90,8 @@ func startPeerArgs(t testing.TB, args ...string) *peer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	growPipe(stdin)
+	growPipe(stdout)
 	p := &peer{t: t, cmd: cmd, stdin: stdin, frames: make(chan frameOrErr, 16), stderr: &lockedBuffer{}, done: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
@@ -277,4 +281,12 @@ func trimNL(s string) string { return strings.TrimSuffix(s, "\n") }
 func (p *peer) pwd() string {
 	p.t.Helper()
 	return trimNL(string(p.exec("pwd").Stdout))
+}
+
+// growPipe raises a pipe's buffer to 1 MiB as the client library does, so the
+// benchmarks measure the server rather than 64 KiB pipe wake-ups.
+func growPipe(f any) {
+	if fd, ok := f.(interface{ Fd() uintptr }); ok {
+		_, _ = unix.FcntlInt(fd.Fd(), unix.F_SETPIPE_SZ, 1<<20)
+	}
 }
