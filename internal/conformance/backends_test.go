@@ -27,7 +27,6 @@ var targets = map[string]target{
 		name:         "host",
 		guestPathFor: func(hostDir, _ string) string { return hostDir },
 		unsupported: map[string]string{
-			"snapshot/roundtrip":     "the host backend has no layer of the session's writes (it answers -32601)",
 			"init/network-off":       "the host backend cannot take the network away (it answers -32010)",
 			"init/machine-shape":     "the host backend enforces no limits (it answers -32013)",
 			"trees/elsewhere":        "the host backend mounts nothing, so a tree is only seen at its own path",
@@ -40,6 +39,7 @@ var targets = map[string]target{
 			"init-snapshot":  protocol.CodeUnsupportedImage,
 			"machine-shape":  protocol.CodeUnsupportedMachine,
 			"tree-elsewhere": protocol.CodeUnsupportedMount,
+			"build-image":    protocol.CodeUnsupportedImage,
 		},
 	},
 }

@@ -47,6 +47,24 @@ var cases = []testCase{
 			e.t.Fatal("images member missing")
 		}
 	}},
+	{"images/unknown-and-unbuildable", func(e *env) {
+		p := e.peer()
+		digest := "sha256:" + strings.Repeat("0", 64)
+		err := p.fails(protocol.CodeUnknownImage, protocol.MethodRemoveImage, &protocol.RemoveImageParams{Image: &protocol.ImageSource{Type: protocol.ImageDigest, Digest: digest}})
+		if !strings.Contains(err.Message, digest) {
+			e.t.Fatalf("message does not name the image: %q", err.Message)
+		}
+		if c := e.code("build-image", 0); c != 0 {
+			p.fails(c, protocol.MethodBuildImage, &protocol.BuildImageParams{Recipe: &protocol.Recipe{Base: "virtx-none:latest"}})
+		}
+		// A malformed recipe is refused as the frame is read.
+		p.sendDoc(marshal(e, bson.D{{Key: "jsonrpc", Value: "2.0"}, {Key: "id", Value: p.nextID}, {Key: "method", Value: "build_image"},
+			{Key: "params", Value: bson.D{{Key: "recipe", Value: bson.D{{Key: "v", Value: int32(2)}, {Key: "base", Value: "x"}}}}}}))
+		p.nextID++
+		if m := p.recv(); m.Err == nil || m.Err.Code != protocol.CodeInvalidParams {
+			e.t.Fatalf("recipe v2: %v", m)
+		}
+	}},
 	{"init/default", func(e *env) {
 		p := e.peer()
 		cwd := p.init(&protocol.InitParams{})
