@@ -21,14 +21,15 @@ func TestRunCLI(t *testing.T) {
 	}{
 		{[]string{"run", "--", "echo", "hi"}, 0, "hi\n", ""},
 		{[]string{"run", "--", "sh", "-c", "exit 3"}, 3, "", ""},
-		{[]string{"run", "--", "sh", "-c", "echo out; echo err >&2; kill -9 $$"}, 137, "out\n", "err"},
+		{[]string{"run", "--backend", "host", "--", "sh", "-c", "echo out; echo err >&2; kill -9 $$"}, 137, "out\n", "err"},
 		{[]string{"run", "--", "no-such-program-virtx"}, 127, "", "not found"},
-		{[]string{"run", "--timeout", "200ms", "--", "sleep", "5"}, 124, "", "killed after 200ms"},
+		{[]string{"run", "--backend", "host", "--timeout", "200ms", "--", "sleep", "5"}, 124, "", "killed after 200ms"},
 		{[]string{"run", "--network=false", "--backend", "host", "--", "true"}, 125, "", "cannot take the network away"},
 		{[]string{"run", "--memory", "lots", "--", "true"}, 125, "", "--memory"},
 		{[]string{"run", "-v", "relative-no-guest", "--", "true"}, 125, "", "--mount"},
 		{[]string{"run", "--backend", "nosuch", "--", "true"}, 125, "", "unknown backend"},
-		{[]string{"run", "-w", "/", "--", "pwd"}, 0, "/\n", ""},
+		{[]string{"run", "--backend", "host", "-w", "/", "--", "pwd"}, 0, "/\n", ""},
+		{[]string{"run", "--backend", "host", "-w", "/no/such/dir", "--", "pwd"}, 125, "", "no/such/dir"},
 	} {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			cmd := exec.Command(virtxBin, c.args...)
