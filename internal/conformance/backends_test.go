@@ -42,6 +42,28 @@ var targets = map[string]target{
 			"build-image":    protocol.CodeUnsupportedImage,
 		},
 	},
+	"sandbox": {
+		name: "sandbox",
+		// Trees are bind mounts at any guest path: the suite puts them elsewhere than
+		// where they are on the host, so nothing passes by seeing the host's own path.
+		guestPathFor: func(_, name string) string { return "/work/" + name },
+		unsupported: map[string]string{
+			"init/machine-shape": "vcpus and memory_mib are enforced with cgroups, which the sandbox does not set up yet (it answers -32013 rather than give an unlimited machine)",
+		},
+		codes: map[string]protocol.Code{
+			"image":         protocol.CodeUnsupportedImage, // images arrive with the image store
+			"build-image":   protocol.CodeUnsupportedImage, // so does building them
+			"machine-shape": protocol.CodeUnsupportedMachine,
+		},
+	},
+	"vm": {
+		name: "vm",
+		// Trees are virtiofs binds at any guest path, away from their host paths.
+		guestPathFor: func(_, name string) string { return "/work/" + name },
+		codes: map[string]protocol.Code{
+			"image": protocol.CodeUnsupportedImage, // images arrive with the image store
+		},
+	},
 }
 
 // selectedTargets are the backends named by VIRTX_CONFORMANCE_BACKENDS (default host).

@@ -1,0 +1,200 @@
+package sandbox
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"path"
+	"strings"
+	"sync"
+
+	"virtx.dev/virtx/internal/backend"
+	"virtx.dev/virtx/protocol"
+)
+
+// Defaults of a session that leaves the member out.
+const (
+	// DefaultDiskGiB is the room a session's writes get when init leaves disk_gib out.
+	DefaultDiskGiB = 10
+	// DefaultCwd is where a session starts: root's home, since commands run as root.
+	DefaultCwd = "/root"
+	// Hostname is the host name commands see.
+	Hostname = "virtx"
+)
+
+// defaultEnv is the environment every command starts with (PWD is the executor's).
+// Nothing of the server's own environment reaches a command.
+var defaultEnv = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/root",
+	"HOSTNAME=" + Hostname,
+}
+
+// ownPaths are the sandbox's own filesystems, where no tree may go.
+var ownPaths = []string{"/proc", "/sys", "/dev"}
+
+// Backend makes namespace sandbox sessions. Make one with New; Close releases what it
+// holds between boots (the session's upper filesystem, the host image's lock).
+type Backend struct {
+	cacheDir string
+	exe      string
+	log      *slog.Logger
+	early    bool // WithPrespawn
+	rootless bool // the server is not root: each sandbox gets a user namespace
+
+	mu    sync.Mutex
+	img   *hostImage
+	state *sessionState // the session the last Boot was for
+	platform
+}
+
+// Option configures the sandbox backend.
+type Option func(*Backend)
+
+// WithCacheDir sets virtx's cache directory, where the prepared host image is kept
+// (console.CacheDir says which it is for `virtx serve`).
+func WithCacheDir(dir string) Option { return func(b *Backend) { b.cacheDir = dir } }
+
+// WithExecutable sets the virtx binary started as each sandbox's init (default: this
+// process's own executable, /proc/self/exe). It must run RunInit for the hidden
+// InitCommand.
+func WithExecutable(path string) Option { return func(b *Backend) { b.exe = path } }
+
+// WithPrespawn starts the first sandbox's init as the backend is made (for `virtx
+// serve`: one server, one session), so that the cost of starting a process overlaps with
+// the server's own start and the client's first calls. It is killed with the server if no
+// boot takes it.
+func WithPrespawn() Option { return func(b *Backend) { b.early = true } }
+
+// WithLogger sets where the backend logs (stderr in `virtx serve`).
+func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
+
+// New makes the sandbox backend.
+func New(opts ...Option) *Backend {
+	b := &Backend{exe: "/proc/self/exe", log: slog.New(slog.DiscardHandler), rootless: os.Geteuid() != 0}
+	for _, o := range opts {
+		o(b)
+	}
+	if b.early {
+		b.prespawn()
+	}
+	return b
+}
+
+// Name is "sandbox".
+func (b *Backend) Name() string { return "sandbox" }
+
+// InitCommand is the hidden command of the virtx binary that runs as a sandbox's PID 1
+// (RunInit).
+const InitCommand = "__sandbox-init"
+
+// Admit refuses what this backend cannot make, without booting anything, and answers
+// DefaultCwd as where the session starts.
+func (b *Backend) Admit(ctx context.Context, spec *backend.Spec) (string, error) {
+	if spec.Image != nil {
+		return "", fmt.Errorf("%w: image %s: images arrive with the image store (issue 4); until then the sandbox's only image is this host's own (its /usr, /opt and a curated /etc), which is what leaving image out gives", backend.ErrUnsupportedImage, spec.Image)
+	}
+	for _, lim := range []struct {
+		name string
+		v    uint64
+	}{{"vcpus", spec.VCPUs}, {"memory_mib", spec.MemoryMiB}, {"gpu_memory_mib", spec.GPUMemoryMiB}} {
+		if lim.v != 0 {
+			return "", fmt.Errorf("%w: %s %d: the sandbox does not enforce CPU or memory limits yet (they come with its cgroup support), and it never gives a machine of a shape it cannot hold to; leave %s out", backend.ErrUnsupportedMachine, lim.name, lim.v, lim.name)
+		}
+	}
+	if spec.GPU != nil && *spec.GPU {
+		return "", fmt.Errorf("%w: gpu true: the sandbox does not hand GPU devices to sessions yet; leave gpu out or set it false", backend.ErrUnsupportedMachine)
+	}
+	disk, err := diskBytes(spec)
+	if err != nil {
+		return "", err
+	}
+	for i, m := range spec.Mounts {
+		if _, err := treeSource(i, m); err != nil {
+			return "", err
+		}
+		g := path.Clean(m.GuestPath)
+		for _, own := range ownPaths {
+			if g == own || strings.HasPrefix(g, own+"/") {
+				return "", fmt.Errorf("%w: mount %d (%s): %s is the sandbox's own %s; put the tree elsewhere", backend.ErrInvalidSpec, i+1, m, g, own)
+			}
+		}
+	}
+	if spec.Snapshot != nil {
+		if err := checkLayer(spec.Snapshot, disk); err != nil {
+			return "", err
+		}
+	}
+	return DefaultCwd, nil
+}
+
+// treeSource is the host directory a file:// tree names.
+func treeSource(i int, m protocol.Mount) (string, error) {
+	if s := m.Scheme(); s != "file" {
+		return "", fmt.Errorf("%w: mount %d (%s): the sandbox has no provider for %s:// trees (only file://)", backend.ErrUnsupportedMount, i+1, m.URL, s)
+	}
+	u, err := url.Parse(m.URL)
+	if err != nil || (u.Host != "" && u.Host != "localhost") || !path.IsAbs(u.Path) {
+		return "", fmt.Errorf("%w: mount %d (%s): want file:///absolute/path", backend.ErrUnsupportedMount, i+1, m.URL)
+	}
+	return path.Clean(u.Path), nil
+}
+
+// checkLayer reads a snapshot's tar headers: a blob that is not a layer tar is refused at
+// init (the request is what has to change), and so is one whose files alone exceed the
+// session's disk. What the names may hold is ApplyLayer's to check, when it applies it.
+func checkLayer(blob []byte, disk int64) error {
+	tr := tar.NewReader(bytes.NewReader(blob))
+	var total int64
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("%w: snapshot: not a layer tar as snapshot answers it: %v", backend.ErrInvalidSpec, err)
+		}
+		total += hdr.Size
+	}
+	if total > disk {
+		return fmt.Errorf("%w: snapshot: its files hold %d bytes, more than the session's disk (%d bytes); ask for a larger disk_gib", backend.ErrInvalidSpec, total, disk)
+	}
+	return nil
+}
+
+// sessionState is what one session keeps across its boots: the spec it was made from
+// (the server keeps one *Spec per init, so a new pointer is a new session) and the upper
+// filesystem holding its writes, once the first boot has made it.
+type sessionState struct {
+	spec  *backend.Spec
+	upper io.Closer // nil until the first boot made it
+}
+
+func (s *sessionState) release() {
+	if s != nil && s.upper != nil {
+		s.upper.Close()
+		s.upper = nil
+	}
+}
+
+// Close releases the current session's upper filesystem (its written files), an init
+// spawned ahead and not taken, and the host image. A machine still booted is not shut
+// down. A Backend can still boot afterwards.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.state.release()
+	b.state = nil
+	b.closePlatform()
+	if b.img != nil {
+		b.img.close()
+		b.img = nil
+	}
+	return nil
+}
