@@ -37,7 +37,11 @@ var (
 	ErrMountFailed        = errors.New("mount failed")        // -32009
 	ErrMethodNotAvailable = errors.New("not available")       // -32601: a method this backend cannot serve
 	ErrSnapshotTooLarge   = errors.New("snapshot too large")  // -32007
-	ErrSessionStopped     = errors.New("session stopped")     // -32002: the machine went away under a call
+	ErrSessionStopped     = errors.New("session stopped")     // -32002: the machine was stopped under a call
+	// ErrMachineGone is a booted machine that died on its own (its executor went away):
+	// the call is answered BOOT_FAILED and the server drops the machine, so the next call
+	// that needs one boots a new one.
+	ErrMachineGone = errors.New("machine gone") // -32002
 )
 
 // Spec is a session as init described it, validated by the server.

@@ -55,7 +55,9 @@ type peer struct {
 	stderr *lockedBuffer
 	nextID int64
 	done   chan struct{}
-	exit   error
+	// abandon is closed when the test ends, so frames nobody will read are dropped.
+	abandon chan struct{}
+	exit    error
 }
 
 type frameOrErr struct {
@@ -99,26 +101,35 @@ func startPeerArgs(t testing.TB, args ...string) *peer {
 	}
 	growPipe(stdin)
 	growPipe(stdout)
-	p := &peer{t: t, cmd: cmd, stdin: stdin, frames: make(chan frameOrErr, 16), stderr: &lockedBuffer{}, done: make(chan struct{})}
+	p := &peer{t: t, cmd: cmd, stdin: stdin, frames: make(chan frameOrErr, 64), stderr: &lockedBuffer{}, done: make(chan struct{}), abandon: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	readDone := make(chan struct{})
 	go func() {
+		defer close(readDone)
 		fr := protocol.NewFrameReader(stdout)
 		for {
 			f, err := fr.ReadFrame()
-			p.frames <- frameOrErr{f, err}
+			select {
+			case p.frames <- frameOrErr{f, err}:
+			case <-p.abandon: // the test is over: keep reading to the end, keep nothing
+			}
 			if err != nil {
 				return
 			}
 		}
 	}()
 	go func() {
+		// Wait closes stdout: only after the reader has seen its end, so that a clean
+		// close reads as io.EOF and never as "file already closed".
+		<-readDone
 		p.exit = cmd.Wait()
 		close(p.done)
 	}()
 	t.Cleanup(func() {
+		close(p.abandon)
 		p.stdin.Close()
 		select {
 		case <-p.done:

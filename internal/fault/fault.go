@@ -33,7 +33,8 @@ func ToProtocol(err error) *protocol.Error {
 		code = protocol.CodeInvalidParams
 	case errors.Is(err, backend.ErrMountFailed):
 		code = protocol.CodeMountFailed
-	case errors.Is(err, backend.ErrBootFailed), errors.Is(err, backend.ErrSessionStopped):
+	case errors.Is(err, backend.ErrBootFailed), errors.Is(err, backend.ErrSessionStopped),
+		errors.Is(err, backend.ErrMachineGone):
 		code = protocol.CodeBootFailed
 	case errors.Is(err, backend.ErrUnsupportedMount):
 		code = protocol.CodeUnsupportedMount

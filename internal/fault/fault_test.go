@@ -39,6 +39,7 @@ func TestToProtocol(t *testing.T) {
 		{fmt.Errorf("%w: x", backend.ErrBootFailed), protocol.CodeBootFailed},
 		{fmt.Errorf("%w: x", backend.ErrMountFailed), protocol.CodeMountFailed},
 		{fmt.Errorf("%w: x", backend.ErrSessionStopped), protocol.CodeBootFailed},
+		{fmt.Errorf("%w: x", backend.ErrMachineGone), protocol.CodeBootFailed},
 		{fmt.Errorf("%w: x", backend.ErrMethodNotAvailable), protocol.CodeMethodNotFound},
 		{fmt.Errorf("%w: x", backend.ErrSnapshotTooLarge), protocol.CodeIOFailed},
 		{&protocol.Error{Code: protocol.CodeIsADirectory, Message: "relayed"}, protocol.CodeIsADirectory},

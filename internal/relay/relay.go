@@ -165,7 +165,7 @@ func (c *Client) call(ctx context.Context, method string, params protocol.Payloa
 		}
 		msg, err := protocol.Decode(f)
 		if err != nil {
-			return nil, fmt.Errorf("%w: relay: %v", backend.ErrBootFailed, err)
+			return nil, fmt.Errorf("%w: relay: %v", backend.ErrMachineGone, err)
 		}
 		if msg.Kind != protocol.KindResponse || msg.ID != id {
 			continue // not ours: a stale answer
@@ -184,7 +184,7 @@ func (c *Client) broken(ctx context.Context, err error) error {
 	if c.closed.Load() {
 		return fmt.Errorf("%w: the machine was shut down during the call", backend.ErrSessionStopped)
 	}
-	return fmt.Errorf("%w: the executor went away: %v", backend.ErrBootFailed, err)
+	return fmt.Errorf("%w: the executor went away: %v", backend.ErrMachineGone, err)
 }
 
 // Exec relays a command.

@@ -55,6 +55,9 @@ func (m *fakeMachine) Exec(ctx context.Context, req executor.ExecRequest) (execu
 	if req.Cmd[0] == "cd" {
 		return executor.ExecResult{Cwd: req.Cmd[1]}, nil
 	}
+	if req.Cmd[0] == "die" {
+		return executor.ExecResult{}, fmt.Errorf("%w: the executor went away", backend.ErrMachineGone)
+	}
 	if req.Cmd[0] == "pwd" {
 		return executor.ExecResult{Stdout: []byte(req.Cwd), Cwd: req.Cwd}, nil
 	}
@@ -317,5 +320,24 @@ func TestPortsHeldFromInitAndWaitForBoot(t *testing.T) {
 	// Re-init with the same port keeps holding it.
 	if m := c.call("init", &protocol.InitParams{Ports: []protocol.Port{port}}); m.Err != nil {
 		t.Fatalf("re-init with a port it holds: %v", m)
+	}
+}
+
+func TestMachineThatDiesIsDroppedAndRebooted(t *testing.T) {
+	f := &fakeBackend{}
+	c := serve(t, f)
+	c.call("init", &protocol.InitParams{})
+	c.call("exec", &protocol.ExecParams{Cmd: []string{"cd", "/kept"}})
+	if m := c.call("exec", &protocol.ExecParams{Cmd: []string{"die"}}); m.Err == nil || m.Err.Code != protocol.CodeBootFailed {
+		t.Fatalf("a dead machine: %v", m)
+	}
+	if b, s := f.counts(); b != 1 || s != 1 {
+		t.Fatalf("boots %d shutdowns %d: the dead machine was not dropped", b, s)
+	}
+	if m := c.call("exec", &protocol.ExecParams{Cmd: []string{"pwd"}}); m.Err != nil || string(m.Result.(*protocol.ExecResult).Stdout) != "/kept" {
+		t.Fatalf("next call after the machine died: %v", m)
+	}
+	if b, _ := f.counts(); b != 2 {
+		t.Fatalf("boots %d: no new machine", b)
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -161,6 +162,21 @@ func (s *session) dial(ctx context.Context, guest uint16) (net.Conn, error) {
 	}
 }
 
+// gone checks a machine call's error: a machine that died on its own is dropped (Up →
+// Idle), so the call is answered BOOT_FAILED and the next one boots a new machine.
+func (s *session) gone(ctx context.Context, m backend.Machine, err error) error {
+	if err != nil && errors.Is(err, backend.ErrMachineGone) {
+		s.mu.Lock()
+		mine := s.machine == m
+		s.mu.Unlock()
+		if mine {
+			s.log.Warn("the machine died; the next call boots a new one", "err", err)
+			s.shutdown(ctx)
+		}
+	}
+	return err
+}
+
 // shutdown takes the machine down (Up → Idle); the spec, cwd and ports stay.
 func (s *session) shutdown(ctx context.Context) {
 	s.mu.Lock()
@@ -204,7 +220,7 @@ func (s *session) exec(ctx context.Context, p *protocol.ExecParams) (protocol.Pa
 	}
 	res, err := m.Exec(ctx, req)
 	if err != nil {
-		return nil, err
+		return nil, s.gone(ctx, m, err)
 	}
 	if res.Cwd != "" && res.Cwd != req.Cwd {
 		s.mu.Lock()
@@ -236,7 +252,7 @@ func (s *session) read(ctx context.Context, p *protocol.ReadParams) (protocol.Pa
 	}
 	data, size, err := m.Read(ctx, s.resolve(p.Path), offset, length)
 	if err != nil {
-		return nil, err
+		return nil, s.gone(ctx, m, err)
 	}
 	return &protocol.ReadResult{Data: data, Size: uint64(size)}, nil
 }
@@ -252,7 +268,7 @@ func (s *session) write(ctx context.Context, p *protocol.WriteParams) (protocol.
 	}
 	size, err := m.Write(ctx, s.resolve(p.Path), p.Data, offset, p.Offset != nil)
 	if err != nil {
-		return nil, err
+		return nil, s.gone(ctx, m, err)
 	}
 	return &protocol.WriteResult{Size: uint64(size)}, nil
 }
@@ -267,7 +283,7 @@ func (s *session) snapshot(ctx context.Context) (protocol.Payload, error) {
 	}
 	blob, err := m.Snapshot(ctx)
 	if err != nil {
-		return nil, err
+		return nil, s.gone(ctx, m, err)
 	}
 	if len(blob) > protocol.MaxPayload-snapshotOverhead {
 		return nil, fmt.Errorf("%w: the session has written %d bytes of layer, more than one 64 MiB frame holds; a snapshot is not shortened", backend.ErrSnapshotTooLarge, len(blob))
