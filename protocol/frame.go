@@ -25,9 +25,14 @@ var (
 
 // FrameReader reads frames from a stream. It is not safe for concurrent use.
 type FrameReader struct {
-	r   *bufio.Reader
-	hdr [headerLen]byte
+	r       *bufio.Reader
+	hdr     [headerLen]byte
+	recycle *Recycler
 }
+
+// Recycle makes the reader take frame buffers from r when one is large enough; the
+// caller hands each frame back with r.Put once it is done with it.
+func (fr *FrameReader) Recycle(r *Recycler) { fr.recycle = r }
 
 // NewFrameReader buffers r and reads frames from it.
 func NewFrameReader(r io.Reader) *FrameReader {
@@ -39,16 +44,16 @@ func NewFrameReader(r io.Reader) *FrameReader {
 // closed inside one, and ErrEmptyFrame or ErrFrameTooLarge (wrapped, with the length) for
 // a header no frame may carry; after any error the stream is not resynchronised.
 func (fr *FrameReader) ReadFrame() ([]byte, error) {
-	return readFrame(fr.r, fr.hdr[:])
+	return readFrame(fr.r, fr.hdr[:], fr.recycle)
 }
 
 // ReadFrame reads one frame from r without buffering (see FrameReader.ReadFrame).
 func ReadFrame(r io.Reader) ([]byte, error) {
 	var hdr [headerLen]byte
-	return readFrame(r, hdr[:])
+	return readFrame(r, hdr[:], nil)
 }
 
-func readFrame(r io.Reader, hdr []byte) ([]byte, error) {
+func readFrame(r io.Reader, hdr []byte, recycle *Recycler) ([]byte, error) {
 	n, err := io.ReadFull(r, hdr)
 	switch {
 	case err == io.EOF && n == 0:
@@ -74,6 +79,16 @@ func readFrame(r io.Reader, hdr []byte) ([]byte, error) {
 	// about 1.5 times its size in allocation rather than 3, and is copied half a time
 	// rather than twice. The frame returned has exactly its own length and capacity.
 	total := int(size)
+	if buf := recycle.take(total); buf != nil {
+		if _, err := io.ReadFull(r, buf); err != nil {
+			recycle.Put(buf)
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
+				return nil, ErrTruncated
+			}
+			return nil, err
+		}
+		return buf, nil
+	}
 	buf := make([]byte, min(total, firstChunk))
 	for n := 0; ; {
 		m, err := io.ReadFull(r, buf[n:])

@@ -224,7 +224,11 @@ func (p *peer) call(method string, params protocol.Payload) *protocol.Message {
 	p.t.Helper()
 	id := p.nextID
 	p.nextID++
-	p.sendDoc(protocol.AppendRequest(nil, id, method, params))
+	// As the client library does: one buffer of the right size, written in one go.
+	frame := protocol.AppendRequest(protocol.NewFrameBuffer(protocol.SizeHint(params)), id, method, params)
+	if err := protocol.WriteFramed(p.stdin, frame); err != nil {
+		p.t.Fatalf("writing a frame: %v", err)
+	}
 	m := p.recv()
 	if !m.HasID || m.ID != id {
 		p.t.Fatalf("%s: response id %d (has %v), want %d", method, m.ID, m.HasID, id)

@@ -63,8 +63,10 @@ func specFromInit(p *protocol.InitParams) (*backend.Spec, error) {
 		return fmt.Errorf("%w: %s", backend.ErrInvalidSpec, fmt.Sprintf(format, args...))
 	}
 	spec := &backend.Spec{
-		Image:    p.Image,
-		Snapshot: p.Snapshot,
+		Image: p.Image,
+		// A copy: the params alias the request's frame, which is recycled once init is
+		// answered, and the snapshot is kept for every later boot.
+		Snapshot: cloneBytes(p.Snapshot),
 		Network:  p.Network == nil || *p.Network,
 		Ports:    p.Ports,
 		GPU:      p.GPU,
@@ -296,4 +298,12 @@ func clampInt64(v uint64) int64 {
 		return 1<<63 - 1
 	}
 	return int64(v)
+}
+
+// cloneBytes copies b, keeping nil apart from empty.
+func cloneBytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append([]byte{}, b...)
 }
