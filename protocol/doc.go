@@ -12,9 +12,11 @@
 //     "What is refused when reading" lists. A refusal is an [*Error] with the code a server
 //     answers with, and the request id when one could be read.
 //   - Methods (the *Params and *Result types): each knows how to append itself as BSON and
-//     how to read itself back, accepting Int32 or Int64 for every integer and Binary (or, for
-//     init's snapshot, an array of small integers) for every byte field, ignoring unknown
-//     members.
+//     how to read itself back, accepting Int32 or Int64 for every integer, and Binary or an
+//     array of small integers for every byte field (the upstream client may send init's
+//     snapshot as the latter; accepting it everywhere costs nothing), ignoring unknown
+//     members. One refusal goes beyond the spec's list: `timeout_ms: 0` is -32602, since a
+//     kill before the command starts is never what a caller meant (leave it out for none).
 //   - [Mount] and [Port]: the strings `URL:GUEST[:ro|rw]…` (read from the right) and
 //     `HOST:GUEST`.
 //
