@@ -21,9 +21,13 @@ type backendFactory struct {
 	name string
 	// rank orders backends for auto: the highest that is available wins.
 	rank int
-	// available says whether this host can run the backend (nil: always), and if not why.
+	// available says whether this host can run the backend at all when asked for it by
+	// name (nil: always), and if not why.
 	available func() error
-	make      func() (backend.Backend, error)
+	// autoOK says whether auto may pick it (nil: when available): a VM under software
+	// emulation runs when asked for, but auto must not choose it.
+	autoOK func() error
+	make   func() (backend.Backend, error)
 }
 
 var backendFactories = map[string]backendFactory{}
@@ -44,7 +48,11 @@ func pickBackend(name string) (backend.Backend, error) {
 	if name == "auto" {
 		var best *backendFactory
 		for _, f := range backendFactories {
-			if f.available != nil && f.available() != nil {
+			check := f.autoOK
+			if check == nil {
+				check = f.available
+			}
+			if check != nil && check() != nil {
 				continue
 			}
 			if best == nil || f.rank > best.rank {

@@ -35,7 +35,10 @@ func TestMain(m *testing.M) {
 	}
 	os.Chmod(dir, 0o755)
 	virtxBin = filepath.Join(dir, "virtx")
+	// Static, as it ships: the sandbox's init then needs no re-exec to drop capabilities
+	// on every thread, and the vm backend uses the same binary as the guest's /init.
 	build := exec.Command("go", "build", "-o", virtxBin, "virtx.dev/virtx/cmd/virtx")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building virtx:", err)

@@ -1,0 +1,106 @@
+// Package vm is the backend whose sessions are disposable QEMU microVMs: a kernel of
+// the session's own between the commands and the host, with the same executor inside
+// (the virtx binary itself, as the guest's /init: internal/guest).
+//
+// # A boot
+//
+// Boot starts two processes per session and talks to the guest over one stream:
+//
+//   - virtiofsd (QEMU 7.2's, /usr/lib/qemu/virtiofsd) serves the guest a tree built for
+//     this boot: base/ is the host image, trees/N the session's trees, config.json what
+//     the guest needs to know (internal/guest.Config), snapshot.tar an init snapshot.
+//     The tree is a tmpfs with bind mounts made in a mount namespace of virtiofsd's own
+//     (see spawner): the host's namespace never sees a mount, so a killed server leaves
+//     none. Read-only trees and the image are read-only binds there (mount_setattr,
+//     recursive), so nothing in the guest — not even its root remounting the tree or
+//     mounting the share again — can write them.
+//   - QEMU: `-M microvm` with ACPI, no firmware (the kernel's ELF is booted by PVH),
+//     `-nodefaults -no-user-config -display none -no-reboot`, guest memory as a shared
+//     memfd (vhost-user needs it), `-global virtio-mmio.force-legacy=false` (virtiofs
+//     needs modern virtio), the kernel command line with `tsc_early_khz=<host kHz>
+//     tsc=reliable no_timer_check` (without them, measured here, 2 boots in 5 hang
+//     under TCG) and `panic=-1` (a dead guest ends QEMU).
+//   - The control channel is a virtio-serial port named "virtx.0" whose host end is a
+//     unix socket we listen on before QEMU starts (QEMU connects as it starts, so there
+//     is no polling for a socket). A boot is up when a request sent down it is
+//     answered; relay.Client then carries exec/read/write/snapshot. BootTimeout bounds
+//     a boot; QEMU that exits early turns into BOOT_FAILED with the tail of its log, of
+//     virtiofsd's and of the guest console.
+//
+// # What a session is given
+//
+//   - Machine shape: vcpus → -smp (default 2, at most the host's CPU count),
+//     memory_mib → -m (default 2048, at least 128, at most the host's RAM), disk_gib →
+//     the size of the session disk (default 16, sparse). A shape outside those bounds is
+//     UNSUPPORTED_MACHINE at init, never a smaller machine; so is gpu:true (no device
+//     is passed through).
+//   - The session disk is a sparse file made with O_TMPFILE in the cache's run dir — it
+//     has no name, so nothing can leak it — formatted ext4 by the host's mkfs.ext4 (from
+//     e2fsprogs, always on Debian) and handed to QEMU as /dev/fd/3. It holds the
+//     overlay's upper: the session's writes. A stop keeps the file open (the next boot
+//     sees the writes, as upstream); a new init drops it, and so does the server's exit.
+//   - The host image, read-only: the host's /usr, /bin, /sbin, /lib*, /opt and a
+//     curated /etc (hostImageEtc: users, groups, hosts, resolver and library config,
+//     certificates, os-release, localtime, profile — never shadow files, ssh keys,
+//     /root, /home or virtx's cache). It is shared by virtiofs rather than copied into
+//     an erofs image: measured here, mkfs.erofs takes ~2 s and ~1 GB per GB of tree,
+//     and the host image is 6.4 GB (/usr and /opt) that changes with every package
+//     installed, so an erofs of it would cost ~15 s and 6 GB whenever its key changed;
+//     the share costs ~20 ms per boot. erofs stays the format for OCI images, built
+//     once per digest, when the image store arrives (images are UNSUPPORTED_IMAGE until
+//     then).
+//   - Network off: no NIC at all (only lo). Network on: virtio-net on QEMU's user-mode
+//     network (slirp) with restrict=on. slirp maps 10.0.2.2 (and the broadcast address)
+//     to the host's loopback, and QEMU 7.2 exposes no switch that turns that mapping off
+//     alone; restrict=on stops every connection the guest opens out of slirp, so the
+//     host's loopback services stay unreachable. The price: the guest reaches nothing
+//     outside either (ports still come in). A follow-up can give outbound traffic back
+//     with passt's --no-map-gw over QEMU 7.2's -netdev stream.
+//   - Ports: the server holds 127.0.0.1:H from init to quit and calls DialPort(G) per
+//     connection. Each boot adds a slirp hostfwd from an ephemeral 127.0.0.1 port to
+//     guest port G; DialPort dials it. A guest service must listen on the guest's
+//     address (0.0.0.0 or 10.0.2.15), not only on its loopback. This is QEMU's own
+//     forwarding, with no extra stream to multiplex over the control channel.
+//   - Snapshot: the guest's upper as an OCI layer tar (executor.WriteLayer, inside the
+//     guest); init.snapshot is applied into a fresh upper (executor.ApplyLayer) before
+//     anything runs.
+//   - Inside the guest, PID 1 and everything it starts share a pids cgroup (one process
+//     per MiB of memory, at least 512), so a fork bomb stops there; the OOM killer ends
+//     a memory hog (never PID 1). A guest that does not answer ExecGrace after an
+//     exec's own timeout is taken as hung: QEMU is killed and the call is BOOT_FAILED.
+//
+// # Acceleration
+//
+// KVM is used only when the CPU shows vmx or svm, /dev/kvm answers KVM_CREATE_VM, and no
+// earlier KVM boot of this cache failed; a KVM boot that misses BootTimeout is recorded
+// (<cache>/vm/kvm-broken) and the boot is retried, and later ones made, under TCG. On a
+// PVM-only KVM host such as this one the CPU shows neither flag, so guests run under TCG
+// from the start. VIRTX_VM_ACCEL=tcg|kvm forces the choice, VIRTX_VM_CPU the -cpu model.
+//
+// # Provisioning
+//
+// Everything lives in the cache dir (console.CacheDir): vm/kernel2/<version>/ holds the
+// PVH vmlinux and the guest's modules, vm/guest/ a static virtx when this one is not,
+// vm/initramfs/ the initramfs per guest binary and kernel, vm/run/ the run dirs.
+// `virtx setup vm` provisions it all, and so does the first boot when anything is
+// missing: the kernel is Debian's cloud kernel (apt-get download of
+// linux-image-cloud-amd64's versioned dependency, dpkg-deb -x into a temp dir), whose
+// bzImage payload is LZ4 in the kernel's legacy framing (decompressed with
+// github.com/pierrec/lz4's block decoder) holding the ELF vmlinux with the PVH entry
+// note; its modules come with their dependencies read from each module's .modinfo
+// (the package ships no modules.dep). $VIRTX_KERNEL overrides the kernel. The guest's
+// /init is this executable when it is static, else a CGO_ENABLED=0 build of
+// virtx.dev/virtx/cmd/virtx (development and tests), cached per executable hash.
+// The initramfs is written by our own newc cpio writer (cpioWriter: the format is 110
+// bytes of hex header per entry, and three entry kinds are all we write), with no
+// busybox: the image supplies userland.
+//
+// # Nothing leaks
+//
+// QEMU and virtiofsd are started from one locked OS thread with SIGKILL as their
+// parent-death signal, so they die with the server even when it is SIGKILLed; the run
+// dir records their pids with start times, and the next boot of any server reaps the
+// run dirs of dead servers (killing only processes whose start time still matches).
+// Shutdown closes the channel (the guest kills everything, syncs and powers off), waits
+// ShutdownGrace, then kills QEMU by PID; virtiofsd is killed and the run dir removed.
+package vm
