@@ -57,3 +57,16 @@ func BenchmarkWrite64MiB(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkExecTrueSubreaper is BenchmarkExecTrue as a server runs it: with Subreaper,
+// each exec also looks for orphans to reap. (It leaves this test process a subreaper.)
+func BenchmarkExecTrueSubreaper(b *testing.B) {
+	e := newTestExecutor(b, Config{Subreaper: true})
+	req := ExecRequest{Cmd: []string{"/bin/true"}, Cwd: "/"}
+	for b.Loop() {
+		res, err := e.Exec(context.Background(), req)
+		if err != nil || res.Code != 0 {
+			b.Fatal(res, err)
+		}
+	}
+}
