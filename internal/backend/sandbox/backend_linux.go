@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -23,6 +24,7 @@ import (
 
 	"virtx.dev/virtx/internal/backend"
 	"virtx.dev/virtx/internal/linux"
+	"virtx.dev/virtx/internal/linux/cgroup"
 	"virtx.dev/virtx/internal/relay"
 )
 
@@ -155,20 +157,23 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 		return nil, err
 	}
 	disk, _ := diskBytes(spec)
+	ms, _ := shape(spec)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	t0 := time.Now()
-	img, err := b.image()
+	img, err := b.rootImage(spec) // the host image, or spec's (image_linux.go)
 	if err != nil {
 		return nil, fmt.Errorf("%w: the host image: %v", backend.ErrBootFailed, err)
 	}
 	if b.state == nil || b.state.spec != spec {
 		b.state.release() // a new init: the last session's writes go
+		b.releaseImages(spec)
 		b.state = &sessionState{spec: spec}
 	}
 	st := b.state
 
-	cfg := bootConfig{Overlays: img.overlays, Env: defaultEnv, Rootless: b.rootless}
+	cfg := bootConfig{Overlays: img.overlays, Env: defaultEnv, Rootless: b.rootless, Devices: ms.gpu}
+	b.imageEnv(spec, &cfg) // an image's own environment and working directory
 	for i, m := range spec.Mounts {
 		src, err := treeSource(i, m)
 		if err != nil {
@@ -189,27 +194,27 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 	}
 
 	t1 := time.Now()
-	m := b.takeSpare()
+	m := b.takeSpareFor(spec.Network)
 	if m == nil {
 		if m, err = b.spawn(); err != nil {
 			return nil, err
 		}
 	}
+	// Before init is told to go: its cgroup (every process it starts is born inside) and
+	// its network (the first command finds it up, and resolv.conf naming its resolver).
+	t2 := time.Now()
+	if err := m.confine(ctx, ms, spec.Network, &cfg); err != nil {
+		m.Shutdown(ctx)
+		return nil, err
+	}
+	t3 := time.Now()
 	newUpper, err := m.boot(ctx, &cfg, spec.Snapshot, upper)
 	if err != nil {
 		return nil, err
 	}
-	b.log.Debug("sandbox up", "pid", m.pid, "image", t1.Sub(t0), "init", time.Since(t1))
+	b.log.Debug("sandbox up", "pid", m.pid, "image", t1.Sub(t0), "spawn", t2.Sub(t1), "cgroup+network", t3.Sub(t2), "boot", time.Since(t3))
 	if newUpper != nil {
 		st.upper = newUpper
-	}
-	if spec.Network {
-		c, err := startNetwork(m.pid)
-		if err != nil {
-			m.Shutdown(ctx)
-			return nil, fmt.Errorf("%w: network: %v", backend.ErrBootFailed, err)
-		}
-		m.net = c
 	}
 	return m, nil
 }
@@ -393,6 +398,15 @@ func (b *Backend) prespawn() {
 		m, err := b.spawn()
 		if err != nil {
 			b.log.Debug("spawning init ahead", "err", err)
+		} else {
+			// Its cgroup and network, as a session that says nothing gets them.
+			m.ready = make(chan struct{})
+			ctx, cancel := context.WithCancel(context.Background())
+			m.cancelPre = cancel
+			go func() {
+				m.preconfine(ctx)
+				close(m.ready)
+			}()
 		}
 		b.spare <- m
 	}()
@@ -411,6 +425,9 @@ func (b *Backend) takeSpare() *machine {
 	b.spare = nil
 	if m == nil {
 		return nil
+	}
+	if m.ready != nil {
+		<-m.ready
 	}
 	select {
 	case <-m.exited:
@@ -435,15 +452,20 @@ func (b *Backend) closePlatform() {
 // machine is one booted sandbox: the relay to its init, and init itself.
 type machine struct {
 	*relay.Client
-	conn    *net.UnixConn
-	dial    *net.UnixConn // to init's dialService
-	dialMu  sync.Mutex
-	cmd     *exec.Cmd
-	pid     int
-	net     io.Closer
-	exited  chan struct{}
-	waitErr error
-	once    sync.Once
+	conn      *net.UnixConn
+	dial      *net.UnixConn // to init's dialService
+	dialMu    sync.Mutex
+	cmd       *exec.Cmd
+	pid       int
+	net       io.Closer
+	group     *cgroup.Group // nil: no limits (NoLimitsEnv)
+	limits    cgroup.Limits // what group enforces
+	dns       []string      // the resolvers net relays to
+	ready     chan struct{} // closed when preconfine is done (an init spawned ahead)
+	cancelPre func()        // cancels preconfine's network start
+	exited    chan struct{}
+	waitErr   error
+	once      sync.Once
 }
 
 // exitNote says how init ended, if it has, for a boot failure's message.
@@ -472,6 +494,11 @@ func (m *machine) Shutdown(ctx context.Context) error {
 		m.dial.Close()
 		if m.net != nil {
 			m.net.Close()
+		}
+		if m.group != nil {
+			if err := m.group.Destroy(); err != nil {
+				slog.Warn("sandbox: removing the session's cgroup", "err", err)
+			}
 		}
 	})
 	return nil

@@ -33,6 +33,17 @@ type bootConfig struct {
 	Snapshot int64 `json:"snapshot"`
 	// Rootless: init runs in a user namespace of its own, as the server's user.
 	Rootless bool `json:"rootless"`
+	// ResolvConf, when set, is the session's /etc/resolv.conf (network:true: it names the
+	// user-space stack's resolver), a file on a tmpfs of its own bound over the image's.
+	ResolvConf string `json:"resolv_conf,omitempty"`
+	// LoopbackOnly: network false; init refuses to boot if its namespace has any
+	// interface but lo.
+	LoopbackOnly bool `json:"loopback_only,omitempty"`
+	// Devices are host device nodes bound into /dev (gpu:true: the NVIDIA devices).
+	Devices []string `json:"devices,omitempty"`
+	// Workdir, when set, is made (with its parents) in the new root if it is missing: an
+	// image's working directory (see image_linux.go).
+	Workdir string `json:"workdir,omitempty"`
 }
 
 // overlay is one overlayfs mount of a boot: Lowers (topmost first) at Target in the
@@ -44,6 +55,10 @@ type overlay struct {
 	Target string   `json:"target"`
 	Lowers []string `json:"lowers"`
 	Sub    string   `json:"sub"`
+	// Layers: Lowers are an OCI image's unpacked layers (the store's, whose opaque
+	// directories carry trusted.overlay.opaque), stacked first in a read-only overlay of
+	// their own that is this overlay's one lower (see imageLower).
+	Layers bool `json:"layers,omitempty"`
 }
 
 // treeSpec is one file:// tree.

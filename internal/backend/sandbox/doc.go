@@ -42,8 +42,7 @@
 // # Root filesystem
 //
 // The root is overlayfs: read-only lowers and, per session, an upper directory that alone
-// is the session's change. The default image — the only one until the image store (issue
-// 4) — is the host image: the host's /usr and /opt (and /bin, /sbin, /lib* where they are
+// is the session's change. The default image (init without image) is the host image: the host's /usr and /opt (and /bin, /sbin, /lib* where they are
 // directories; on a merged-/usr host they are the same symlinks into /usr), a curated
 // /etc, and a skeleton of / (empty /tmp, /root, /run, /var/tmp, /home, mount points). The
 // skeleton and the curated /etc are copied once into the cache directory
@@ -79,6 +78,50 @@
 // changes, and a killed server leaves no mount behind. init pivots into the new root, and
 // the host's tree is gone from the namespace.
 //
+// # Images
+//
+// An init's image (a ref, a digest or a recipe) is resolved through the image store
+// (internal/store, in the cache dir) at init, by Admit: a ref the store lacks is pulled
+// (registry mirrors: VIRTX_REGISTRY_MIRRORS or <cache>/mirrors.conf), a recipe is built or
+// found in the build cache, and an unknown ref or digest is UNKNOWN_IMAGE naming it. The
+// image's leases on its layers are held from that init until another init replaces the
+// session, or the backend closes: layers a running session stands on are never collected.
+// The session's root is then one overlay at / (not the host image's per-directory ones),
+// the image config's Env is every command's environment (PATH, HOME and HOSTNAME added
+// when it sets none, as docker does), and its WorkingDir is init's cwd ("/" when it sets
+// none), made at boot if the layers lack it.
+//
+// The store's layers mark opaque directories with trusted.overlay.opaque (and whiteouts
+// as 0/0 devices), while the session's overlay keeps userxattr, so that a confined init
+// can read its upper's markers when it writes a snapshot or a RUN step's layer. So init
+// stacks the layers first in a read-only overlay of their own, in the trusted namespace
+// (fsconfig lowerdir+, one layer per call: no option-length limit on Linux 6.8 and
+// later; older kernels get one lowerdir= of names relative to the layers' directory, so
+// about 60 layers), a detached mount that is the session overlay's one lower. An image of
+// one layer needs no stack. Images need a root server: the store's layers cannot be
+// written or stacked without privileges, and a server that is not root refuses an image
+// at init with UNSUPPORTED_IMAGE (-32011) saying so, and RUN steps the same way; list,
+// remove, and builds without RUN work rootless.
+//
+// A cgo-linked init confines itself by executing itself again, after the pivot, and an
+// image's root has no loader or libc for this binary (busybox has none, alpine has musl).
+// So an init on an image opens, before the pivot, the host's program interpreter, its own
+// executable and the directories of the libraries it has mapped, and executes the
+// interpreter by descriptor with those directories (as /proc/self/fd/N) as its only
+// library path; the serving stage closes them first thing. Nothing of the host is mounted
+// in the image.
+//
+// The Backend is the server's backend.ImageStore (build_image, list_images,
+// remove_image) and the store's StepRunner (RunStep), which `virtx image build` uses
+// too: each RUN is `sh -c` in a sandbox of its own on the image so far (a new upper; the
+// session's is not touched), with the accumulated ENV and WORKDIR (made when missing),
+// with the network a network:true session has where this host has a user-space stack
+// (loopback only where it has none), and no cgroup limits. Its output reaches the build's
+// output once the command has ended (stdout, then stderr; not streamed as it runs). A
+// non-zero exit fails the build with that output. The step's layer is its upper as
+// executor.WriteLayer writes it, less the mount points init made where the image had
+// none (/proc, /sys, /dev, /etc/resolv.conf).
+//
 // # The session's writes
 //
 // The upper filesystem is a tmpfs that is mounted nowhere: init makes it (fsopen,
@@ -91,7 +134,7 @@
 // over half the host's memory is UNSUPPORTED_MACHINE (a disk-backed upper is not built). A
 // tmpfs is a ceiling, not an allocation, but what a session writes there is memory:
 // charged to the memory cgroup of the process that writes it, so it counts against
-// memory_mib once limits are enforced. An init snapshot is applied (executor.ApplyLayer,
+// memory_mib (see Machine shape). An init snapshot is applied (executor.ApplyLayer,
 // user. xattrs) to a new upper before anything is mounted over it, and counts against
 // disk_gib; a snapshot is executor.WriteLayer of upper/, written by init inside the
 // sandbox, so no path in it is ever followed on the host.
@@ -110,19 +153,84 @@
 //
 // # Network
 //
-// Each sandbox has a network namespace of its own with loopback only, up. A network:true
-// session is given its way out by startNetwork (the seam for internal/network: pasta or
-// slirp4netns); until that is wired, it has loopback only too. A port is dialed from
-// inside: init connects to 127.0.0.1 (or ::1) in its namespace and hands the connected
-// socket to the server over fd 4, because a server without privileges cannot enter a
-// network namespace its user namespace owns (setns needs CAP_SYS_ADMIN in the caller's
-// own user namespace too); one way serves root and rootless alike.
+// Each sandbox has a network namespace of its own with loopback only, up. network false
+// is that and nothing more (init checks, before it runs anything, that lo is all its
+// namespace holds). network true — the protocol's default — connects the namespace to
+// the outside through a user-space stack, one helper per session (internal/network:
+// slirp4netns as root, pasta rootless, since slirp4netns confining itself cannot work
+// from outside the session's user namespace): an interface eth0 with a default route,
+// and nothing changed on the host (no bridge, veth, route or netfilter rule). The helper
+// is started before init's boot, and the boot carries the session's /etc/resolv.conf,
+// naming the helper's resolver (u.DNS(): slirp4netns 10.0.2.3): a file on a tmpfs of
+// its own bound over the image's, so neither the image nor the session's writes (nor a
+// snapshot) hold it. The first command therefore finds the network up and its resolver
+// named. The helper dies with the server and is stopped at shutdown; its tap device goes
+// with it. With WithPrespawn the helper is started for the init spawned ahead too, as a
+// session that says nothing wants it; a network false session stops it again before its
+// boot. The host's loopback services stay out of reach: slirp4netns runs with
+// --disable-host-loopback, pasta with --no-map-gw and no port forwarding, and the tap
+// guard internal/network attaches drops frames for 127.0.0.0/8 and ::1 before the helper
+// sees them. That guard is why commands keep CAP_NET_RAW (Docker's default set: ping
+// works): a raw frame written straight onto eth0 is filtered like any other.
+//
+// A port is dialed from inside: init connects to 127.0.0.1 (or ::1) in its namespace
+// and hands the connected socket to the server over fd 4, because a server without
+// privileges cannot enter a network namespace its user namespace owns (setns needs
+// CAP_SYS_ADMIN in the caller's own user namespace too); one way serves root and
+// rootless alike.
 //
 // # Machine shape
 //
-// vcpus, memory_mib, gpu true and gpu_memory_mib are UNSUPPORTED_MACHINE until the cgroup
-// integration: a session is never given a machine of a shape that is not enforced.
-// disk_gib is the upper's size (above). gpu false is what a sandbox is.
+// A session's machine is a cgroup (internal/linux/cgroup, v1 or v2), made for each boot
+// and joined by init before it is told to boot — so everything a command starts, however
+// it daemonises, is born inside — and destroyed (everything in it killed) when the
+// sandbox shuts down:
+//
+//   - memory_mib is the group's memory limit, swap included where the kernel accounts it.
+//     The session's upper filesystem is a tmpfs: what a session writes there is memory
+//     charged to this group, so writes count against memory_mib as well as disk_gib
+//     (ask for memory_mib ≥ what the session keeps in memory plus what it writes). Past
+//     the limit the kernel's OOM killer kills one process of the session (exec answers
+//     137); the session goes on.
+//   - vcpus is a CPU-time quota of that many CPUs and, where the cpuset controller is
+//     there, a cpuset of that many of the server's CPUs (spread over sessions), so nproc
+//     inside answers vcpus. More vcpus than the server may run on is UNSUPPORTED_MACHINE:
+//     never a quietly smaller machine. So is more memory than the host has.
+//   - every session has a pids limit of DefaultPids (4096 tasks, threads included): a
+//     fork bomb stops there. The executor is a few dozen threads of it, made ahead
+//     (initThreads) so that PID 1 never needs a new thread when the commands have taken
+//     them all (the Go runtime aborts when it cannot make one).
+//   - Left out, vcpus is DefaultVCPUs (2, or the server's CPUs if fewer) and memory_mib
+//     DefaultMemoryMiB (2048, or the host's memory if less): the default machine is a
+//     limit like any other, enforced or refused.
+//
+// Where the limits cannot be enforced — rootless on a cgroup v1 host (this project's CI
+// machine), rootless without a delegated v2 cgroup, a read-only cgroupfs — init is
+// UNSUPPORTED_MACHINE, with the cgroup package's fix (run as root, or under `systemd-run
+// --user --scope -p Delegate=yes`) — also a session that asks for nothing, since it
+// would get the default machine. A server started with VIRTX_SANDBOX_NO_LIMITS=1
+// (NoLimitsEnv) runs sessions that ask for nothing without any cgroup: a choice its
+// operator makes, never a silent one; vcpus or memory_mib are refused all the same.
+//
+// When a command's exec ends without a result (timeout_ms), the executor has killed its
+// process tree; what it daemonised — a new session whose parent exited, re-parented to
+// init — is not in that tree, so the server then kills every process of the session's
+// group that was not there when the command started (commands of a session never run
+// concurrently, so those are the command's), except init. What earlier commands left
+// running stays.
+//
+// A server killed with SIGKILL cannot remove its groups: the first group it makes comes
+// with a reaper, a small shell in a session of its own that waits for the server to go
+// (EOF on a pipe only the server holds) and then kills what is left in the server's
+// groups and removes them; and a new backend removes groups of dead servers
+// (cgroup.ReapStale) as it is made.
+//
+// gpu true hands the host's NVIDIA devices (/dev/nvidia0…, nvidiactl, nvidia-uvm,
+// nvidia-modeset, nvidia-caps) to the session, bound into its /dev; the driver's
+// user-space libraries and nvidia-smi are the host's /usr, which the host image is made
+// of. With no NVIDIA device it is UNSUPPORTED_MACHINE. gpu_memory_mib is refused
+// (UNSUPPORTED_MACHINE): the devices are the session's whole, and nothing on the host
+// caps one process's GPU memory. disk_gib is the upper's size (above).
 //
 // # Rootless
 //
@@ -131,7 +239,9 @@
 // /opt) show as nobody:nogroup, and writing under them fails (EPERM: overlayfs cannot copy
 // a file up to the owner it had, since no namespace of the user maps host root); /,
 // /etc, /root, /tmp, /var and the trees are writable as usual. The cache directory must be
-// writable by the user (VIRTX_HOME).
+// writable by the user (VIRTX_HOME). network true needs pasta (Debian: passt) and a
+// /dev/net/tun the user may open (Debian's is 0666; a container's may be root's only:
+// UNSUPPORTED_NETWORK names the fix). Limits need a delegated v2 cgroup (Machine shape).
 //
 // # What is hand-rolled
 //

@@ -76,6 +76,9 @@ func RunInit(args []string) error {
 	conn := c.(*net.UnixConn)
 	var cfg bootConfig
 	fds, err := recvFrame(conn, &cfg, 1)
+	if (errors.Is(err, io.EOF) || err == io.ErrUnexpectedEOF) && len(fds) == 0 {
+		return nil // the server let go of an init spawned ahead: nothing to do
+	}
 	if err != nil {
 		return fmt.Errorf("sandbox init: reading the boot config: %w", err)
 	}
@@ -147,6 +150,18 @@ func setup(cfg *bootConfig, snapshot []byte, given int) (int, error) {
 	// Open everything taken from the host before anything is mounted over any path.
 	lowers := make([][]string, len(cfg.Overlays))
 	for i, o := range cfg.Overlays {
+		if o.Layers { // an image's layers, stacked on their own (image_linux.go)
+			if loader, err = openHostLoader(); err != nil {
+				return -1, fmt.Errorf("image: %w", err)
+			}
+			fd, err := imageLower(o.Lowers)
+			if err != nil {
+				return -1, fmt.Errorf("image: %w", err)
+			}
+			defer unix.Close(fd)
+			lowers[i] = []string{linux.FdPath(fd)}
+			continue
+		}
 		for _, l := range o.Lowers {
 			fd, err := unix.Open(l, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 			if err != nil {
@@ -201,6 +216,14 @@ func setup(cfg *bootConfig, snapshot []byte, given int) (int, error) {
 	if err := mountDev(root, cfg.Rootless); err != nil {
 		return -1, err
 	}
+	if err := bindDevices(root, cfg.Devices); err != nil {
+		return -1, err
+	}
+	if cfg.ResolvConf != "" {
+		if err := mountResolvConf(root, cfg.ResolvConf); err != nil {
+			return -1, fmt.Errorf("the session's resolv.conf: %w", err)
+		}
+	}
 	for i, t := range cfg.Trees {
 		if err := mountTree(root, sources[i], t); err != nil {
 			return -1, &mountFailure{fmt.Errorf("mount %d (%s → %s): %w", t.N, t.URL, t.Target, err)}
@@ -218,11 +241,19 @@ func setup(cfg *bootConfig, snapshot []byte, given int) (int, error) {
 	if err := unix.Chdir("/"); err != nil {
 		return -1, fmt.Errorf("chdir /: %w", err)
 	}
+	if err := makeWorkdir(cfg.Workdir); err != nil {
+		return -1, err
+	}
 	if err := linux.SetHostname(Hostname); err != nil {
 		return -1, err
 	}
 	if err := loopbackUp(); err != nil {
 		return -1, err
+	}
+	if cfg.LoopbackOnly {
+		if err := checkLoopbackOnly(); err != nil {
+			return -1, err
+		}
 	}
 	return upper, nil
 }
@@ -500,7 +531,7 @@ func serveConfined(log *slog.Logger, conn *net.UnixConn, s2 stage2) error {
 		return err
 	}
 	env := []string{stage2Env + "=" + string(b), "VIRTX_LOG=" + os.Getenv("VIRTX_LOG")}
-	err = unix.Exec("/proc/self/exe", []string{"virtx", InitCommand, "serve"}, env)
+	err = execStage2([]string{"virtx", InitCommand, "serve"}, env) // image_linux.go
 	return fmt.Errorf("sandbox init: execve /proc/self/exe: %w", err)
 }
 
@@ -514,6 +545,7 @@ func serveStage2(log *slog.Logger) error {
 		return fmt.Errorf("sandbox init: %s: %w", stage2Env, err)
 	}
 	os.Unsetenv(stage2Env)
+	closeLoader() // an image's root: what the host's loader needed (image_linux.go)
 	log.Debug("serving stage started")
 	for _, fd := range []int{3, 4, s2.Upper} {
 		unix.CloseOnExec(fd)
@@ -536,6 +568,7 @@ func serve(log *slog.Logger, conn io.ReadWriter, s2 stage2) error {
 			log.Debug("ignored a signal", "signal", s)
 		}
 	}()
+	go prewarmThreads(initThreads)
 	ex, err := executor.New(executor.Config{Env: s2.Env, ReadOnly: s2.ReadOnly, Subreaper: true})
 	if err != nil {
 		return err

@@ -48,6 +48,8 @@ type Backend struct {
 	early    bool // WithPrespawn
 	rootless bool // the server is not root: each sandbox gets a user namespace
 
+	imgs images // the image store and the images sessions hold (image.go)
+
 	mu    sync.Mutex
 	img   *hostImage
 	state *sessionState // the session the last Boot was for
@@ -77,6 +79,7 @@ func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
 
 // New makes the sandbox backend.
 func New(opts ...Option) *Backend {
+	go reapStaleGroups() // what a SIGKILLed server left
 	b := &Backend{exe: "/proc/self/exe", log: slog.New(slog.DiscardHandler), rootless: os.Geteuid() != 0}
 	for _, o := range opts {
 		o(b)
@@ -94,22 +97,12 @@ func (b *Backend) Name() string { return "sandbox" }
 // (RunInit).
 const InitCommand = "__sandbox-init"
 
-// Admit refuses what this backend cannot make, without booting anything, and answers
-// DefaultCwd as where the session starts.
+// Admit refuses what this backend cannot make, without booting anything but an image's
+// RUN steps, and answers where the session starts: DefaultCwd on the host image, the
+// image's working directory on an image (resolved, pulled or built here: image.go).
 func (b *Backend) Admit(ctx context.Context, spec *backend.Spec) (string, error) {
-	if spec.Image != nil {
-		return "", fmt.Errorf("%w: image %s: images arrive with the image store (issue 4); until then the sandbox's only image is this host's own (its /usr, /opt and a curated /etc), which is what leaving image out gives", backend.ErrUnsupportedImage, spec.Image)
-	}
-	for _, lim := range []struct {
-		name string
-		v    uint64
-	}{{"vcpus", spec.VCPUs}, {"memory_mib", spec.MemoryMiB}, {"gpu_memory_mib", spec.GPUMemoryMiB}} {
-		if lim.v != 0 {
-			return "", fmt.Errorf("%w: %s %d: the sandbox does not enforce CPU or memory limits yet (they come with its cgroup support), and it never gives a machine of a shape it cannot hold to; leave %s out", backend.ErrUnsupportedMachine, lim.name, lim.v, lim.name)
-		}
-	}
-	if spec.GPU != nil && *spec.GPU {
-		return "", fmt.Errorf("%w: gpu true: the sandbox does not hand GPU devices to sessions yet; leave gpu out or set it false", backend.ErrUnsupportedMachine)
+	if _, err := shape(spec); err != nil {
+		return "", err
 	}
 	disk, err := diskBytes(spec)
 	if err != nil {
@@ -131,7 +124,7 @@ func (b *Backend) Admit(ctx context.Context, spec *backend.Spec) (string, error)
 			return "", err
 		}
 	}
-	return DefaultCwd, nil
+	return b.admitted(ctx, spec) // the image, last: it may pull or build (image.go)
 }
 
 // treeSource is the host directory a file:// tree names.
@@ -191,6 +184,7 @@ func (b *Backend) Close() error {
 	defer b.mu.Unlock()
 	b.state.release()
 	b.state = nil
+	b.releaseImages()
 	b.closePlatform()
 	if b.img != nil {
 		b.img.close()

@@ -22,6 +22,7 @@ import (
 	"virtx.dev/virtx/internal/backend"
 	"virtx.dev/virtx/internal/executor"
 	"virtx.dev/virtx/internal/fault"
+	"virtx.dev/virtx/internal/linux/cgroup"
 	"virtx.dev/virtx/protocol"
 )
 
@@ -122,9 +123,12 @@ func TestAdmit(t *testing.T) {
 		{"empty snapshot", backend.Spec{Snapshot: []byte{}}, nil},
 		{"a layer", backend.Spec{Snapshot: layer.Bytes()}, nil},
 		{"tree", backend.Spec{Mounts: []protocol.Mount{fileMount("/srv", "/work/srv", true)}}, nil},
-		{"image", backend.Spec{Image: &protocol.ImageSource{Type: protocol.ImageRef, Ref: "debian:12"}}, backend.ErrUnsupportedImage},
-		{"vcpus", backend.Spec{VCPUs: 2}, backend.ErrUnsupportedMachine},
-		{"memory", backend.Spec{MemoryMiB: 512}, backend.ErrUnsupportedMachine},
+		// A digest the (empty) store lacks: nothing is pulled. Rootless, images are refused.
+		{"unknown image", backend.Spec{Image: &protocol.ImageSource{Type: protocol.ImageDigest, Digest: "sha256:" + strings.Repeat("0", 64)}}, unknownImageKind()},
+		{"vcpus", backend.Spec{VCPUs: 1}, limitsRefused()},
+		{"memory", backend.Spec{MemoryMiB: 512}, limitsRefused()},
+		{"vcpus beyond the host", backend.Spec{VCPUs: 1 << 16}, backend.ErrUnsupportedMachine},
+		{"memory beyond the host", backend.Spec{MemoryMiB: 1 << 30}, backend.ErrUnsupportedMachine},
 		{"gpu", backend.Spec{GPU: &yes}, backend.ErrUnsupportedMachine},
 		{"gpu memory", backend.Spec{GPU: &yes, GPUMemoryMiB: 1024}, backend.ErrUnsupportedMachine},
 		{"disk beyond memory", backend.Spec{DiskGiB: 1 << 20}, backend.ErrUnsupportedMachine},
@@ -149,6 +153,15 @@ func TestAdmit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// limitsRefused is what Admit answers a session asking for vcpus or memory_mib: nil
+// where this process can enforce cgroup limits, else UNSUPPORTED_MACHINE.
+func limitsRefused() error {
+	if i := cgroup.Detect(); i.Version == 0 || !i.Writable || i.Reason != "" {
+		return backend.ErrUnsupportedMachine
+	}
+	return nil
 }
 
 // bigLayer is a layer tar whose one file claims size bytes (its header alone: Admit reads
@@ -509,9 +522,23 @@ func TestRootless(t *testing.T) {
 	if err := os.WriteFile(bin, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", bin, "-test.count=1", "-test.v")
+	argv := []string{setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", bin, "-test.count=1", "-test.v"}
+	if st, err := os.Stat("/dev/net/tun"); err == nil && st.Mode().Perm()&0o006 != 0o006 {
+		// /dev/net/tun is root's only here (a container's default; Debian's is 0666), and
+		// network true needs it: the run gets one everyone may open, in a mount namespace
+		// of its own, so the host's stays as it is.
+		tun := filepath.Join(dir, "tun")
+		if err := os.Mkdir(tun, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		script := `mount -t tmpfs -o size=4k,mode=0755 tmpfs "$1" && mknod -m 0666 "$1/tun" c 10 200 && mount --bind "$1/tun" /dev/net/tun && shift && exec "$@"`
+		argv = append([]string{"unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", tun}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = tmp
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "TMPDIR=" + tmp, "HOME=" + tmp, rootlessChild + "=1", "CI=" + os.Getenv("CI")}
+	// This user gets no cgroup limits on a cgroup v1 host: sessions that ask for none run
+	// without (NoLimitsEnv).
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "TMPDIR=" + tmp, "HOME=" + tmp, rootlessChild + "=1", "CI=" + os.Getenv("CI"), NoLimitsEnv + "=1"}
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("\nPASS\n")) {
 		t.Fatalf("the rootless run failed (%v):\n%s", err, out)

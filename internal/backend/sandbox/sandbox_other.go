@@ -36,3 +36,10 @@ type platform struct{}
 
 func (b *Backend) prespawn()      {}
 func (b *Backend) closePlatform() {}
+
+type machineShape struct{}
+
+func shape(spec *backend.Spec) (machineShape, error) {
+	return machineShape{}, fmt.Errorf("%w: %v", backend.ErrUnsupportedMachine, errUnsupported)
+}
+func reapStaleGroups() {}

@@ -1,0 +1,465 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"virtx.dev/virtx/internal/backend"
+	"virtx.dev/virtx/internal/executor"
+	"virtx.dev/virtx/internal/linux/cgroup"
+)
+
+// The machine a session gets when init leaves the member out (see doc.go, Machine shape).
+const (
+	DefaultVCPUs     = 2
+	DefaultMemoryMiB = 2048
+	// DefaultPids caps the tasks (processes and threads) of a session: a fork bomb stops
+	// there. The executor itself is about a dozen threads.
+	DefaultPids = 4096
+)
+
+// NoLimitsEnv, set to 1 in the server's environment, lets a session that asks for no
+// limits run without any where this host cannot enforce them (rootless without a
+// delegated cgroup). A session that asks for vcpus or memory_mib is still refused.
+const NoLimitsEnv = "VIRTX_SANDBOX_NO_LIMITS"
+
+// machineShape is what a session's cgroup enforces; a zero Limits with none set means the
+// session runs without a group (NoLimitsEnv).
+type machineShape struct {
+	limits cgroup.Limits
+	none   bool     // no group at all (NoLimitsEnv where limits cannot be enforced)
+	gpu    []string // device nodes to bind into /dev
+}
+
+// hostCPUs are the CPUs this process may run on, in order.
+func hostCPUs() []int {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return nil
+	}
+	var cpus []int
+	for i := 0; i < len(set)*64 && len(cpus) < set.Count(); i++ {
+		if set.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	return cpus
+}
+
+// cpuRotor spreads the cpusets of sessions that use fewer CPUs than the host has.
+var cpuRotor atomic.Uint32
+
+// pickCPUs is a cpuset of n of cpus, starting at the next session's turn.
+func pickCPUs(cpus []int, n int) string {
+	start := int(cpuRotor.Add(1)-1) % len(cpus)
+	parts := make([]string, 0, n)
+	for i := range n {
+		parts = append(parts, strconv.Itoa(cpus[(start+i)%len(cpus)]))
+	}
+	return strings.Join(parts, ",")
+}
+
+// shape decides a session's machine from its spec, or refuses it (UNSUPPORTED_MACHINE,
+// naming the fix): a machine is never smaller than asked, nor left unenforced.
+func shape(spec *backend.Spec) (machineShape, error) {
+	var ms machineShape
+	if spec.Network {
+		if err := networkAvailable(); err != nil {
+			return ms, err
+		}
+	}
+	if spec.GPUMemoryMiB != 0 {
+		return ms, fmt.Errorf("%w: gpu_memory_mib %d: a sandbox hands the host's GPU devices to the session whole, and nothing on the host caps one process's GPU memory; leave gpu_memory_mib out (the session gets the devices' whole memory)", backend.ErrUnsupportedMachine, spec.GPUMemoryMiB)
+	}
+	if spec.GPU != nil && *spec.GPU {
+		devs, err := gpuDevices()
+		if err != nil {
+			return ms, err
+		}
+		ms.gpu = devs
+	}
+	cpus := hostCPUs()
+	ncpu := len(cpus)
+	if ncpu == 0 {
+		ncpu = 1
+	}
+	vcpus := int(min(spec.VCPUs, 1<<20))
+	if vcpus == 0 {
+		vcpus = min(DefaultVCPUs, ncpu)
+	} else if vcpus > ncpu {
+		return ms, fmt.Errorf("%w: vcpus %d: this host gives virtx %d CPUs, and a sandbox never pretends to more than it has; ask for at most %d", backend.ErrUnsupportedMachine, spec.VCPUs, ncpu, ncpu)
+	}
+	mem := int64(min(spec.MemoryMiB, 1<<40)) << 20
+	total := memTotal()
+	if mem == 0 {
+		mem = DefaultMemoryMiB << 20
+		if total > 0 && mem > total {
+			mem = total
+		}
+	} else if total > 0 && mem > total {
+		return ms, fmt.Errorf("%w: memory_mib %d: this host has %d MiB of memory; ask for at most that", backend.ErrUnsupportedMachine, spec.MemoryMiB, total>>20)
+	}
+	ms.limits = cgroup.Limits{MemoryBytes: mem, CPUs: float64(vcpus), Pids: DefaultPids}
+	info := cgroup.Detect()
+	if info.Has("cpuset") && len(cpus) > 0 {
+		ms.limits.CPUSet = pickCPUs(cpus, vcpus)
+	}
+	if info.Version == 0 || !info.Writable || info.Reason != "" {
+		asked := spec.VCPUs != 0 || spec.MemoryMiB != 0
+		if !asked && os.Getenv(NoLimitsEnv) == "1" {
+			return machineShape{none: true, gpu: ms.gpu}, nil
+		}
+		why := "this session asks for no limits, and gets the default machine (2 vCPUs, 2048 MiB, 4096 tasks), which must be enforced too"
+		if asked {
+			why = "the session asks for vcpus or memory_mib"
+		}
+		return ms, fmt.Errorf("%w: a sandbox's machine shape is enforced with cgroups, and here they cannot be (%s); %s. Or set %s=1 in the server's environment to run sessions that ask for no limits without any", backend.ErrUnsupportedMachine, info.Reason, why, NoLimitsEnv)
+	}
+	return ms, nil
+}
+
+// gpuDevices lists the NVIDIA device nodes to hand a gpu:true session, or refuses it
+// when there are none. The driver's user-space libraries (libcuda, libnvidia-*) and tools
+// (nvidia-smi) are the host's /usr, which the host image is made of.
+func gpuDevices() ([]string, error) {
+	var devs []string
+	for _, pat := range []string{"/dev/nvidia[0-9]*", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset", "/dev/nvidia-caps/*"} {
+		m, _ := filepath.Glob(pat)
+		for _, d := range m {
+			var st unix.Stat_t
+			if unix.Stat(d, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFCHR {
+				devs = append(devs, d)
+			}
+		}
+	}
+	gpus := 0
+	for _, d := range devs {
+		if n := strings.TrimPrefix(d, "/dev/nvidia"); n != d && n != "" && n[0] >= '0' && n[0] <= '9' {
+			gpus++
+		}
+	}
+	if gpus == 0 {
+		return nil, fmt.Errorf("%w: gpu true: this host has no NVIDIA GPU device (/dev/nvidia0…): install the NVIDIA driver (Debian: nvidia-driver) on a machine with a GPU, or leave gpu out", backend.ErrUnsupportedMachine)
+	}
+	return devs, nil
+}
+
+// groupSeq names each session's group uniquely within this server.
+var groupSeq atomic.Uint64
+
+// newGroup makes the cgroup a booted sandbox's init is put in. A failure that means the
+// limits cannot be enforced is UNSUPPORTED_MACHINE with the cgroup package's fix.
+func newGroup(ms machineShape) (*cgroup.Group, error) {
+	if ms.none {
+		return nil, nil
+	}
+	reaperOnce.Do(startReaper)
+	g, err := cgroup.Create("sandbox-"+strconv.FormatUint(groupSeq.Add(1), 10), ms.limits)
+	if errors.Is(err, cgroup.ErrCannotEnforce) {
+		return nil, fmt.Errorf("%w: %v", backend.ErrUnsupportedMachine, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: the session's cgroup: %v", backend.ErrBootFailed, err)
+	}
+	return g, nil
+}
+
+// reapOnce removes, once per process, the groups a SIGKILLed server left.
+var reapDone atomic.Bool
+
+func reapStaleGroups() {
+	if reapDone.Swap(true) {
+		return
+	}
+	info := cgroup.Detect()
+	if !info.Writable {
+		return
+	}
+	cgroup.ReapStale()
+}
+
+// procID is a process by pid and start time (so a recycled pid is not taken for it).
+type procID struct {
+	pid   int
+	start string
+}
+
+func procStart(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 {
+		f := strings.Fields(s[i+1:])
+		if len(f) > 19 {
+			return f[19]
+		}
+	}
+	return ""
+}
+
+// groupProcs lists the processes of a session's group, with their start times.
+func groupProcs(g interface{ Procs() ([]int, error) }) map[procID]bool {
+	pids, err := g.Procs()
+	if err != nil {
+		return nil
+	}
+	out := make(map[procID]bool, len(pids))
+	for _, p := range pids {
+		out[procID{p, procStart(p)}] = true
+	}
+	return out
+}
+
+// sweepNew kills every process of the group that was not there before (a command's
+// tree, daemonised grandchildren included: they stay in the session's cgroup however
+// they leave their process group or session), except init. Commands of one session never
+// run concurrently, so what appeared during a command is that command's.
+func sweepNew(g interface{ Procs() ([]int, error) }, before map[procID]bool, initPid int) {
+	deadline := time.Now().Add(5 * time.Second)
+	for delay := 200 * time.Microsecond; time.Now().Before(deadline); delay = min(2*delay, 20*time.Millisecond) {
+		left := 0
+		for id := range groupProcs(g) {
+			if id.pid == initPid || before[id] {
+				continue
+			}
+			left++
+			fd, err := unix.PidfdOpen(id.pid, 0)
+			if err != nil {
+				continue
+			}
+			if procStart(id.pid) == id.start {
+				unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+			}
+			unix.Close(fd)
+		}
+		if left == 0 {
+			return
+		}
+		time.Sleep(delay)
+	}
+}
+
+// confine puts a spawned init, before its boot, in the session's cgroup (so everything it
+// starts is born inside and limited), and for network true connects its namespace to the
+// outside and names the resolver in the boot's resolv.conf. An init spawned ahead may
+// have both already (preconfine): a group of another shape is replaced (init moved to the
+// new one first), and a network the session does not want is closed (its tap device goes
+// with the helper, leaving loopback only).
+func (m *machine) confine(ctx context.Context, ms machineShape, network bool, cfg *bootConfig) error {
+	if m.group == nil || !sameShape(m.limits, ms.limits) || ms.none {
+		old := m.group
+		m.group = nil
+		g, err := newGroup(ms)
+		if err != nil {
+			return err
+		}
+		if g != nil {
+			m.group, m.limits = g, ms.limits
+			if err := g.Add(m.pid); err != nil {
+				return fmt.Errorf("%w: putting init in the session's cgroup: %v", backend.ErrBootFailed, err)
+			}
+		}
+		if old != nil {
+			if err := old.Destroy(); err != nil {
+				return fmt.Errorf("%w: the cgroup made ahead: %v", backend.ErrBootFailed, err)
+			}
+		}
+	}
+	if !network && m.net != nil {
+		m.net.Close()
+		m.net, m.dns = nil, nil
+	}
+	if network && m.net == nil {
+		c, dns, err := startUserNet(ctx, m.pid)
+		if err != nil {
+			return err
+		}
+		m.net, m.dns = c, dns
+	}
+	if network {
+		cfg.ResolvConf = resolvConf(m.dns)
+	} else {
+		cfg.LoopbackOnly = true
+	}
+	return nil
+}
+
+// sameShape says whether a group made with a enforces b (a cpuset of as many CPUs is as
+// good as another).
+func sameShape(a, b cgroup.Limits) bool {
+	n := func(s string) int { return len(strings.Split(s, ",")) }
+	return a.MemoryBytes == b.MemoryBytes && a.CPUs == b.CPUs && a.Pids == b.Pids &&
+		(a.CPUSet == "") == (b.CPUSet == "") && n(a.CPUSet) == n(b.CPUSet)
+}
+
+// preconfine does confine's work ahead, for an init spawned before any session asked
+// (WithPrespawn), for what a session that says nothing gets: the default machine and the
+// network (on unless said otherwise). Whatever fails here is left for Boot to do, or to
+// refuse.
+func (m *machine) preconfine(ctx context.Context) {
+	ms, err := shape(&backend.Spec{})
+	var wg sync.WaitGroup
+	if err == nil && !ms.none {
+		wg.Go(func() {
+			g, err := newGroup(ms)
+			if err != nil || g == nil {
+				return
+			}
+			if g.Add(m.pid) != nil {
+				g.Destroy()
+				return
+			}
+			m.group, m.limits = g, ms.limits
+		})
+	}
+	if networkAvailable() == nil {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if c, dns, err := startUserNet(ctx, m.pid); err == nil {
+				m.net, m.dns = c, dns
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Exec runs a command through the relay. When it ends without a result (its timeout, or
+// the call given up), the command's tree has been killed inside by the executor; what it
+// daemonised (a new session whose parent exited, re-parented to init) is not in that
+// tree, so every process of the session's cgroup that was not there when the command
+// started is killed too.
+func (m *machine) Exec(ctx context.Context, req executor.ExecRequest) (executor.ExecResult, error) {
+	if m.group == nil || req.Timeout <= 0 {
+		return m.Client.Exec(ctx, req)
+	}
+	before := groupProcs(m.group)
+	res, err := m.Client.Exec(ctx, req)
+	if err != nil && before != nil {
+		sweepNew(m.group, before, m.pid)
+	}
+	return res, err
+}
+
+// initThreads is how many OS threads init makes for itself ahead of need. The Go runtime
+// makes threads on demand and aborts the process when it cannot (clone EAGAIN): in a
+// session whose commands have used up its pids limit (a fork bomb), PID 1 must not need
+// a new one. Threads the runtime has made stay, idle, for it to reuse.
+const initThreads = 24
+
+// prewarmThreads makes the runtime start n OS threads (each goroutine locked to one while
+// they all wait), then lets them go idle.
+func prewarmThreads(n int) {
+	var wg sync.WaitGroup
+	release := make(chan struct{})
+	for range n {
+		wg.Add(1)
+		go func() {
+			runtime.LockOSThread()
+			wg.Done()
+			<-release
+			runtime.UnlockOSThread()
+		}()
+	}
+	wg.Wait()
+	close(release)
+}
+
+// takeSpareFor is takeSpare for a session that wants network or not. The init spawned
+// ahead has the network a session that says nothing gets: for network false its start is
+// cancelled, or the helper stopped, which takes its tap device with it (and init checks
+// that loopback is all its namespace has before it runs anything).
+func (b *Backend) takeSpareFor(network bool) *machine {
+	if !network && b.spare != nil {
+		if m := <-b.spare; m != nil {
+			if m.cancelPre != nil {
+				m.cancelPre()
+			}
+			b.spare <- m
+		}
+	}
+	m := b.takeSpare()
+	if m != nil && !network && m.net != nil {
+		m.net.Close()
+		m.net, m.dns = nil, nil
+	}
+	return m
+}
+
+// The cgroup reaper: a SIGKILLed server cannot remove its groups, and cgroupfs removes
+// nothing by itself (v1's release_agent is the host's, not ours to set). So the first
+// group a server makes comes with a small shell process, in a session of its own, that
+// waits for the server to go (its stdin is a pipe only the server holds: EOF when the
+// server is gone, however it ended), then kills whatever is left in the server's groups
+// (NAME@PID-START in each hierarchy) and removes them, and exits. After a clean end
+// there is nothing left for it to do. ReapStale, when a backend is made, is the second
+// net.
+var (
+	reaperOnce sync.Once
+	reaperPipe *os.File // held for the life of the server
+)
+
+const reaperScript = `cat >/dev/null
+suffix=$1; shift
+i=0
+while [ $i -lt 200 ]; do
+	left=0
+	for p in "$@"; do
+		for d in $p/*"$suffix"; do
+			[ -d "$d" ] || continue
+			left=1
+			pids=$(cat "$d/cgroup.procs" 2>/dev/null)
+			[ -n "$pids" ] && kill -9 $pids 2>/dev/null
+			rmdir "$d" 2>/dev/null
+		done
+	done
+	[ $left = 0 ] && exit 0
+	i=$((i+1))
+	sleep 0.05
+done
+exit 1`
+
+func startReaper() {
+	info := cgroup.Detect()
+	if !info.Writable || info.Root == "" {
+		return
+	}
+	start := procStart(os.Getpid())
+	if start == "" {
+		return
+	}
+	// Every hierarchy's virtx parent: the v2 one (info.Root), or beside the v1 memory
+	// one (ROOT/../../*/virtx: memory, pids, cpu, cpuset, freezer, unified…).
+	parents := []string{info.Root, filepath.Join(filepath.Dir(filepath.Dir(info.Root)), "*", filepath.Base(info.Root))}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return
+	}
+	cmd := exec.Command("/bin/sh", append([]string{"-c", reaperScript, "virtx-cgroup-reaper", "@" + strconv.Itoa(os.Getpid()) + "-" + start}, parents...)...)
+	cmd.Stdin = r
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		w.Close()
+		return
+	}
+	reaperPipe = w
+	go cmd.Wait()
+}
