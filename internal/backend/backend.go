@@ -42,6 +42,9 @@ var (
 	// the call is answered BOOT_FAILED and the server drops the machine, so the next call
 	// that needs one boots a new one.
 	ErrMachineGone = errors.New("machine gone") // -32002
+	// ErrBuildFailed is a recipe step that failed (a RUN that exited non-zero): the recipe
+	// is what has to change, so it is answered INVALID_PARAMS with the step's output.
+	ErrBuildFailed = errors.New("build failed") // -32602
 )
 
 // Spec is a session as init described it, validated by the server.

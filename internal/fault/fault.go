@@ -29,7 +29,8 @@ func ToProtocol(err error) *protocol.Error {
 		return &protocol.Error{Code: protocol.CodeTimedOut, Message: te.Error()}
 	case errors.Is(err, executor.ErrNotExecutable):
 		code = protocol.CodeNotExecutable
-	case errors.Is(err, executor.ErrInvalidArgument), errors.Is(err, backend.ErrInvalidSpec):
+	case errors.Is(err, executor.ErrInvalidArgument), errors.Is(err, backend.ErrInvalidSpec),
+		errors.Is(err, backend.ErrBuildFailed):
 		code = protocol.CodeInvalidParams
 	case errors.Is(err, backend.ErrMountFailed):
 		code = protocol.CodeMountFailed

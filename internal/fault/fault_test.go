@@ -40,6 +40,7 @@ func TestToProtocol(t *testing.T) {
 		{fmt.Errorf("%w: x", backend.ErrMountFailed), protocol.CodeMountFailed},
 		{fmt.Errorf("%w: x", backend.ErrSessionStopped), protocol.CodeBootFailed},
 		{fmt.Errorf("%w: x", backend.ErrMachineGone), protocol.CodeBootFailed},
+		{fmt.Errorf("build: step 2/3: %w", fmt.Errorf("%w: RUN exited with status 1", backend.ErrBuildFailed)), protocol.CodeInvalidParams},
 		{fmt.Errorf("%w: x", backend.ErrMethodNotAvailable), protocol.CodeMethodNotFound},
 		{fmt.Errorf("%w: x", backend.ErrSnapshotTooLarge), protocol.CodeIOFailed},
 		{&protocol.Error{Code: protocol.CodeIsADirectory, Message: "relayed"}, protocol.CodeIsADirectory},

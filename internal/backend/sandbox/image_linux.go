@@ -179,7 +179,7 @@ func (b *Backend) RunStep(ctx context.Context, lowers []string, env []string, wo
 		}
 	}
 	if res.Code != 0 {
-		return nil, fmt.Errorf("RUN exited with status %d", res.Code)
+		return nil, fmt.Errorf("%w: RUN exited with status %d", backend.ErrBuildFailed, res.Code)
 	}
 	layer, err := m.Snapshot(ctx)
 	if err != nil {
