@@ -68,21 +68,55 @@ var targets = map[string]target{
 	},
 }
 
-// selectedTargets are the backends named by VIRTX_CONFORMANCE_BACKENDS (default host).
-func selectedTargets(t *testing.T) []target {
+// defaultBackends are the backends the suite runs when VIRTX_CONFORMANCE_BACKENDS says
+// nothing: all of them. A backend whose prerequisites are missing skips locally, naming
+// the package, and fails under CI=true — a green run that skipped a backend is a lie.
+const defaultBackends = "host,sandbox,vm"
+
+// selectedNames are the backends VIRTX_CONFORMANCE_BACKENDS names (comma-separated).
+func selectedNames() []string {
 	names := os.Getenv("VIRTX_CONFORMANCE_BACKENDS")
 	if names == "" {
-		names = "host"
+		names = defaultBackends
 	}
-	var out []target
+	var out []string
 	for _, n := range strings.Split(names, ",") {
-		tg, ok := targets[strings.TrimSpace(n)]
+		out = append(out, strings.TrimSpace(n))
+	}
+	return out
+}
+
+// backendSelected says whether the suite runs against the named backend.
+func backendSelected(name string) bool {
+	for _, n := range selectedNames() {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// selectedTargets are the selected backends' targets.
+func selectedTargets(t *testing.T) []target {
+	var out []target
+	for _, n := range selectedNames() {
+		tg, ok := targets[n]
 		if !ok {
 			t.Fatalf("VIRTX_CONFORMANCE_BACKENDS names %q, which the suite does not know", n)
 		}
 		out = append(out, tg)
 	}
 	return out
+}
+
+// requireTarget checks a backend's prerequisites before its cases run.
+func requireTarget(t *testing.T, name string) {
+	switch name {
+	case "sandbox":
+		requireSandbox(t)
+	case "vm":
+		requireVM(t)
+	}
 }
 
 // env is what a case is given: the backend, and a way to make trees.
@@ -125,6 +159,7 @@ func (e *env) peer() *peer { return startPeer(e.t, e.target.name) }
 func TestConformance(t *testing.T) {
 	for _, tg := range selectedTargets(t) {
 		t.Run(tg.name, func(t *testing.T) {
+			requireTarget(t, tg.name)
 			for _, c := range cases {
 				t.Run(c.name, func(t *testing.T) {
 					if why, ok := tg.unsupported[c.name]; ok {

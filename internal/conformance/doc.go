@@ -5,5 +5,7 @@
 //
 //	go test ./internal/conformance/
 //
-// and pick backends with VIRTX_CONFORMANCE_BACKENDS (comma-separated; default "host").
+// and pick backends with VIRTX_CONFORMANCE_BACKENDS (comma-separated; default all three:
+// host, sandbox, vm — a backend whose prerequisites are missing skips locally, naming the
+// package, and fails under CI=true).
 package conformance

@@ -17,14 +17,7 @@ import (
 // provisioned kernel (`virtx setup vm`) or apt-get to fetch one. A missing prerequisite
 // fails under CI=true and skips elsewhere, naming the package.
 
-func vmSelected() bool {
-	for _, n := range strings.Split(os.Getenv("VIRTX_CONFORMANCE_BACKENDS"), ",") {
-		if strings.TrimSpace(n) == "vm" {
-			return true
-		}
-	}
-	return false
-}
+func vmSelected() bool { return backendSelected("vm") }
 
 // requireVM skips (or, under CI, fails) a vm test whose prerequisites are missing.
 func requireVM(t testing.TB) {
