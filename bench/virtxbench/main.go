@@ -43,7 +43,7 @@ func main() {
 	bundle := flag.String("runc-bundle", "", "a runc bundle whose process runs true (empty: skip runc)")
 	podmanImage := flag.String("podman-image", "", "a podman image with /bin/true (empty: skip podman)")
 	idle := flag.Int("idle", 100, "concurrent idle sessions")
-	only := flag.String("only", "", "comma-separated subset: bwrap,runc,podman,cold,coldoff,warm,idle")
+	only := flag.String("only", "", "comma-separated subset: bwrap,runc,podman,cold,coldoff,coldhost,warm,idle")
 	flag.Parse()
 	want := func(s string) bool { return *only == "" || slices.Contains(strings.Split(*only, ","), s) }
 	if abs, err := filepath.Abs(*virtx); err == nil {
@@ -83,6 +83,12 @@ func main() {
 	ctx := context.Background()
 	if want("cold") {
 		add(measure("cold", *n, func() error { return coldSession(ctx, server, true) }))
+	}
+	if want("coldhost") {
+		// The same server and client without a sandbox: what a session costs before the
+		// backend does anything (two process starts, the protocol, one exec).
+		host := []string{*virtx, "serve", "--backend", "host"}
+		add(measure("cold-host", *n, func() error { return coldSession(ctx, host, true) }))
 	}
 	if want("coldoff") {
 		add(measure("cold-netoff", *n, func() error { return coldSession(ctx, server, false) }))
@@ -323,7 +329,7 @@ func printTable(res map[string]result, rss idleRSS, idle int) {
 	}
 	fmt.Println("| measurement | median | |")
 	fmt.Println("|---|---|---|")
-	for _, name := range []string{"fork+exec", "bwrap", "runc", "podman", "cold", "cold-netoff", "warm"} {
+	for _, name := range []string{"fork+exec", "bwrap", "runc", "podman", "cold", "cold-netoff", "cold-host", "warm"} {
 		if _, ok := res[name]; ok {
 			fmt.Printf("| %s | %s | %s |\n", label(name), cell(name), res[name].note)
 		}
@@ -388,6 +394,8 @@ func label(name string) string {
 		return "virtx cold session (serve → init → first exec), network on"
 	case "cold-netoff":
 		return "virtx cold session, network off"
+	case "cold-host":
+		return "for reference: virtx cold session on the host backend (no sandbox)"
 	case "warm":
 		return "virtx warm exec of /bin/true"
 	}

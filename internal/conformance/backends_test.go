@@ -63,7 +63,9 @@ var targets = map[string]target{
 		// Trees are virtiofs binds at any guest path, away from their host paths.
 		guestPathFor: func(_, name string) string { return "/work/" + name },
 		codes: map[string]protocol.Code{
-			"image": protocol.CodeUnsupportedImage, // images arrive with the image store
+			// A digest the store lacks: -32012 as root; without root the vm backend
+			// refuses images (-32011: the store's layers need root).
+			"image": vmImageCode(),
 		},
 	},
 }

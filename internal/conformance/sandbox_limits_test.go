@@ -276,3 +276,38 @@ func TestSandboxKilledServerLeavesNoCgroup(t *testing.T) {
 		}
 	}
 }
+
+// TestSandboxSessionsLeaveNoCgroup: sessions opened and closed in a loop (quit, or the
+// client's stdin closed) leave no cgroup behind, in any hierarchy.
+func TestSandboxSessionsLeaveNoCgroup(t *testing.T) {
+	requireSandbox(t)
+	requireLimits(t)
+	t.Setenv("VIRTX_HOME", t.TempDir())
+	info := cgroup.Detect()
+	var patterns []string
+	for i := range 30 {
+		p := startPeer(t, "sandbox")
+		p.init(&protocol.InitParams{Network: boolp(i%3 != 0)})
+		p.sh("(sleep 1004 >/dev/null 2>&1 &)")
+		pattern := "*@" + strconv.Itoa(p.cmd.Process.Pid) + "-*"
+		patterns = append(patterns, filepath.Join(info.Root, pattern),
+			filepath.Join(filepath.Dir(filepath.Dir(info.Root)), "*", filepath.Base(info.Root), pattern))
+		if i%2 == 0 {
+			p.notify(protocol.MethodQuit)
+		} else {
+			p.stdin.Close()
+		}
+		p.expectEOF()
+	}
+	for _, pat := range patterns {
+		for range 100 {
+			if m, _ := filepath.Glob(pat); len(m) == 0 {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if m, _ := filepath.Glob(pat); len(m) > 0 {
+			t.Errorf("left behind: %v", m)
+		}
+	}
+}

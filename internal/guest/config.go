@@ -62,6 +62,14 @@ type Config struct {
 	PidsMax int `json:"pids_max,omitempty"`
 	// Hostname is the guest's host name.
 	Hostname string `json:"hostname"`
+	// ImageLayers is how many layers an OCI image has: the image share (tag
+	// ImageShareTag) holds them as 0 (the top) … ImageLayers-1 (the bottom), stacked
+	// under base/ (the mount points and /etc files the session needs) as the root
+	// overlay's lowers. 0 with Image false: the root is the host image, base/ alone.
+	Image       bool `json:"image,omitempty"`
+	ImageLayers int  `json:"image_layers,omitempty"`
+	// Workdir is made in the root when missing (an image's WORKDIR, as docker does).
+	Workdir string `json:"workdir,omitempty"`
 }
 
 // Tree is one of the session's trees: /mnt/host/trees/<Index> seen at Guest.
@@ -74,6 +82,7 @@ type Tree struct {
 // Share layout, as the host prepares it and the guest reads it.
 const (
 	ShareTag       = "virtx"
+	ImageShareTag  = "virtx-img"
 	ShareBase      = "base"
 	ShareTrees     = "trees"
 	ShareConfig    = "config.json"

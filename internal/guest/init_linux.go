@@ -30,9 +30,10 @@ import (
 var debugf = func(string, ...any) {}
 
 const (
-	hostDir = "/mnt/host"
-	diskDir = "/mnt/disk"
-	newRoot = "/newroot"
+	hostDir  = "/mnt/host"
+	imageDir = "/mnt/image"
+	diskDir  = "/mnt/disk"
+	newRoot  = "/newroot"
 )
 
 // Main is /init. It returns only on failure before serving could start; otherwise it
@@ -97,7 +98,7 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 	boot := func(format string, args ...any) error {
 		return fmt.Errorf("%w: guest: %s", backend.ErrBootFailed, fmt.Sprintf(format, args...))
 	}
-	for _, d := range []string{"/proc", "/sys", "/dev", hostDir, diskDir, newRoot} {
+	for _, d := range []string{"/proc", "/sys", "/dev", hostDir, imageDir, diskDir, newRoot} {
 		_ = os.MkdirAll(d, 0o755)
 	}
 	if err := mount("proc", "/proc", "proc", 0, ""); err != nil {
@@ -168,10 +169,26 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 			return cfg, "", fmt.Errorf("%w: init snapshot: %v", backend.ErrBootFailed, err)
 		}
 	}
-	debugf("opts := fmt.Sprintf('lowerdir")
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,metacopy=off,redirect_dir=off,index=off",
-		filepath.Join(hostDir, ShareBase), upper, work)
-	if err := mount("overlay", newRoot, "overlay", 0, opts); err != nil {
+	debugf("root overlay")
+	lower := filepath.Join(hostDir, ShareBase)
+	if cfg.Image {
+		// The image's layers (top first) under base/, named relative to the image
+		// share (the working directory while the overlay is made) so that no count of
+		// layers outgrows the option string.
+		if err := retry(5*time.Second, func() error { return mount(ImageShareTag, imageDir, "virtiofs", unix.MS_RDONLY, "") }); err != nil {
+			return cfg, "", boot("the image's share: %v", err)
+		}
+		for i := 0; i < cfg.ImageLayers; i++ {
+			lower += fmt.Sprintf(":%d", i)
+		}
+		if err := unix.Chdir(imageDir); err != nil {
+			return cfg, "", boot("%v", err)
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,metacopy=off,redirect_dir=off,index=off", lower, upper, work)
+	err = mount("overlay", newRoot, "overlay", 0, opts)
+	_ = unix.Chdir("/")
+	if err != nil {
 		return cfg, "", boot("root overlay: %v", err)
 	}
 	for _, m := range []struct{ src, dst, fs, data string }{
@@ -195,6 +212,11 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 	for _, t := range cfg.Trees {
 		if err := mountTree(t); err != nil {
 			return cfg, "", fmt.Errorf("%w: %s: %v", backend.ErrMountFailed, t.Guest, err)
+		}
+	}
+	if w := path.Clean("/" + cfg.Workdir); w != "/" {
+		if err := os.MkdirAll(filepath.Join(newRoot, w), 0o755); err != nil {
+			return cfg, "", boot("the image's working directory %s: %v", w, err)
 		}
 	}
 	debugf("if err := network(cfg)")

@@ -22,7 +22,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"path"
 	"path/filepath"
@@ -30,6 +29,7 @@ import (
 
 	"virtx.dev/virtx/internal/backend"
 	"virtx.dev/virtx/internal/executor"
+	"virtx.dev/virtx/protocol"
 )
 
 // Backend runs sessions on this machine.
@@ -92,7 +92,7 @@ func (b *Backend) Admit(ctx context.Context, spec *backend.Spec) (string, error)
 		}
 	}
 	for i, m := range spec.Mounts {
-		if _, err := hostPath(i, m.Scheme(), m.URL, m.GuestPath); err != nil {
+		if _, err := hostPath(i, m); err != nil {
 			return "", err
 		}
 	}
@@ -100,18 +100,15 @@ func (b *Backend) Admit(ctx context.Context, spec *backend.Spec) (string, error)
 }
 
 // hostPath is the directory a file:// tree names, which must be the guest path itself.
-func hostPath(i int, scheme, rawURL, guest string) (string, error) {
-	if scheme != "file" {
-		return "", fmt.Errorf("%w: mount %d (%s): the host backend has no provider for %s:// trees (only file://)", backend.ErrUnsupportedMount, i+1, rawURL, scheme)
+func hostPath(i int, m protocol.Mount) (string, error) {
+	p, err := backend.FileTree("host", i, m)
+	if err != nil {
+		return "", err
 	}
-	u, err := url.Parse(rawURL)
-	if err != nil || (u.Host != "" && u.Host != "localhost") || !path.IsAbs(u.Path) {
-		return "", fmt.Errorf("%w: mount %d (%s): want file:///absolute/path", backend.ErrUnsupportedMount, i+1, rawURL)
+	if p != path.Clean(m.GuestPath) {
+		return "", fmt.Errorf("%w: mount %d (%s → %s): the host backend mounts nothing, so a tree can only be seen at its own path (%s); use --backend sandbox or vm to place it elsewhere", backend.ErrUnsupportedMount, i+1, m.URL, m.GuestPath, p)
 	}
-	if path.Clean(u.Path) != path.Clean(guest) {
-		return "", fmt.Errorf("%w: mount %d (%s → %s): the host backend mounts nothing, so a tree can only be seen at its own path (%s); use --backend sandbox or vm to place it elsewhere", backend.ErrUnsupportedMount, i+1, rawURL, guest, path.Clean(u.Path))
-	}
-	return u.Path, nil
+	return p, nil
 }
 
 // workingDir is the server's cwd in the spelling its parent used ($PWD) when that names
@@ -144,7 +141,7 @@ func hasGPU() bool {
 func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine, error) {
 	var ro []string
 	for i, m := range spec.Mounts {
-		p, err := hostPath(i, m.Scheme(), m.URL, m.GuestPath)
+		p, err := hostPath(i, m)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", backend.ErrMountFailed, err)
 		}

@@ -208,8 +208,25 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 		return nil, err
 	}
 	t3 := time.Now()
+	if cfg.Snapshot > 0 {
+		if err := m.joined(); err != nil { // the snapshot's pages are the session's
+			m.Shutdown(ctx)
+			return nil, err
+		}
+	}
 	newUpper, err := m.boot(ctx, &cfg, spec.Snapshot, upper)
 	if err != nil {
+		return nil, err
+	}
+	err = m.joined()
+	if err == nil {
+		err = m.netUp(ctx)
+	}
+	if err != nil {
+		m.Shutdown(ctx)
+		if newUpper != nil {
+			newUpper.Close()
+		}
 		return nil, err
 	}
 	b.log.Debug("sandbox up", "pid", m.pid, "image", t1.Sub(t0), "spawn", t2.Sub(t1), "cgroup+network", t3.Sub(t2), "boot", time.Since(t3))
@@ -381,6 +398,7 @@ func dialPair() (*net.UnixConn, *os.File, error) {
 type platform struct {
 	spare    chan *machine   // an init spawned ahead (nil when it could not be)
 	imgEarly chan imageReady // the host image, prepared ahead
+	netHint  chan bool       // the first init's network, for the init spawned ahead
 }
 
 type imageReady struct {
@@ -393,6 +411,7 @@ type imageReady struct {
 // image's check.
 func (b *Backend) prespawn() {
 	b.spare = make(chan *machine, 1)
+	b.netHint = make(chan bool, 1)
 	b.imgEarly = make(chan imageReady, 1)
 	go func() {
 		m, err := b.spawn()
@@ -404,7 +423,7 @@ func (b *Backend) prespawn() {
 			ctx, cancel := context.WithCancel(context.Background())
 			m.cancelPre = cancel
 			go func() {
-				m.preconfine(ctx)
+				m.preconfine(ctx, b.netHint)
 				close(m.ready)
 			}()
 		}
@@ -461,6 +480,11 @@ type machine struct {
 	group     *cgroup.Group // nil: no limits (NoLimitsEnv)
 	limits    cgroup.Limits // what group enforces
 	dns       []string      // the resolvers net relays to
+	netDone   chan struct{} // closed when a network start in the background has ended (startNet)
+	netErr    error         // why it failed
+	cancelNet func()        // cancels it
+	added     chan struct{} // closed when init has joined group (join)
+	addErr    error
 	ready     chan struct{} // closed when preconfine is done (an init spawned ahead)
 	cancelPre func()        // cancels preconfine's network start
 	exited    chan struct{}
@@ -492,8 +516,10 @@ func (m *machine) Shutdown(ctx context.Context) error {
 		m.cmd.Process.Kill()
 		<-m.exited
 		m.dial.Close()
+		m.joined()
+		m.stopNet()
 		if m.net != nil {
-			m.net.Close()
+			m.net.Close() // the image builder's (startNetwork)
 		}
 		if m.group != nil {
 			if err := m.group.Destroy(); err != nil {

@@ -160,14 +160,16 @@
 // slirp4netns as root, pasta rootless, since slirp4netns confining itself cannot work
 // from outside the session's user namespace): an interface eth0 with a default route,
 // and nothing changed on the host (no bridge, veth, route or netfilter rule). The helper
-// is started before init's boot, and the boot carries the session's /etc/resolv.conf,
-// naming the helper's resolver (u.DNS(): slirp4netns 10.0.2.3): a file on a tmpfs of
-// its own bound over the image's, so neither the image nor the session's writes (nor a
-// snapshot) hold it. The first command therefore finds the network up and its resolver
+// starts beside init's boot (it needs only init's namespaces); the boot mounts the
+// session's own /etc/resolv.conf, a file on a tmpfs of its own bound over the image's, so
+// neither the image nor the session's writes (nor a snapshot) hold it; and once the
+// helper is up, Boot writes into it the helper's resolver (u.DNS(): slirp4netns 10.0.2.3)
+// before it returns. The first command therefore finds the network up and its resolver
 // named. The helper dies with the server and is stopped at shutdown; its tap device goes
-// with it. With WithPrespawn the helper is started for the init spawned ahead too, as a
-// session that says nothing wants it; a network false session stops it again before its
-// boot. The host's loopback services stay out of reach: slirp4netns runs with
+// with it. With WithPrespawn the helper for the init spawned ahead is started as soon as
+// the first init says network true (Admit), not before: stopping one a network false
+// session does not want costs the kernel milliseconds of tap teardown. The host's
+// loopback services stay out of reach: slirp4netns runs with
 // --disable-host-loopback, pasta with --no-map-gw and no port forwarding, and the tap
 // guard internal/network attaches drops frames for 127.0.0.0/8 and ::1 before the helper
 // sees them. That guard is why commands keep CAP_NET_RAW (Docker's default set: ping
@@ -182,9 +184,13 @@
 // # Machine shape
 //
 // A session's machine is a cgroup (internal/linux/cgroup, v1 or v2), made for each boot
-// and joined by init before it is told to boot — so everything a command starts, however
-// it daemonises, is born inside — and destroyed (everything in it killed) when the
-// sandbox shuts down:
+// (or ahead, with the init WithPrespawn starts) and joined by init before it runs
+// anything — so everything a command starts, however it daemonises, is born inside — and
+// destroyed (everything in it killed) when the sandbox shuts down. Joining is a cgroup
+// migration, which waits for an RCU grace period in each hierarchy (milliseconds on a v1
+// host); it goes on while init builds its root filesystem, and Boot waits for it before
+// it returns — and before the boot when an init snapshot is to be written, so that its
+// pages are charged to the session:
 //
 //   - memory_mib is the group's memory limit, swap included where the kernel accounts it.
 //     The session's upper filesystem is a tmpfs: what a session writes there is memory

@@ -568,7 +568,7 @@ func serve(log *slog.Logger, conn io.ReadWriter, s2 stage2) error {
 			log.Debug("ignored a signal", "signal", s)
 		}
 	}()
-	go prewarmThreads(initThreads)
+	go prewarmThreads(initThreads, prewarmAfter)
 	ex, err := executor.New(executor.Config{Env: s2.Env, ReadOnly: s2.ReadOnly, Subreaper: true})
 	if err != nil {
 		return err

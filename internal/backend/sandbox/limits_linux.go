@@ -188,6 +188,7 @@ func reapStaleGroups() {
 	if !info.Writable {
 		return
 	}
+	reaperOnce.Do(startReaper) // ahead of the first group, off its path
 	cgroup.ReapStale()
 }
 
@@ -254,89 +255,12 @@ func sweepNew(g interface{ Procs() ([]int, error) }, before map[procID]bool, ini
 	}
 }
 
-// confine puts a spawned init, before its boot, in the session's cgroup (so everything it
-// starts is born inside and limited), and for network true connects its namespace to the
-// outside and names the resolver in the boot's resolv.conf. An init spawned ahead may
-// have both already (preconfine): a group of another shape is replaced (init moved to the
-// new one first), and a network the session does not want is closed (its tap device goes
-// with the helper, leaving loopback only).
-func (m *machine) confine(ctx context.Context, ms machineShape, network bool, cfg *bootConfig) error {
-	if m.group == nil || !sameShape(m.limits, ms.limits) || ms.none {
-		old := m.group
-		m.group = nil
-		g, err := newGroup(ms)
-		if err != nil {
-			return err
-		}
-		if g != nil {
-			m.group, m.limits = g, ms.limits
-			if err := g.Add(m.pid); err != nil {
-				return fmt.Errorf("%w: putting init in the session's cgroup: %v", backend.ErrBootFailed, err)
-			}
-		}
-		if old != nil {
-			if err := old.Destroy(); err != nil {
-				return fmt.Errorf("%w: the cgroup made ahead: %v", backend.ErrBootFailed, err)
-			}
-		}
-	}
-	if !network && m.net != nil {
-		m.net.Close()
-		m.net, m.dns = nil, nil
-	}
-	if network && m.net == nil {
-		c, dns, err := startUserNet(ctx, m.pid)
-		if err != nil {
-			return err
-		}
-		m.net, m.dns = c, dns
-	}
-	if network {
-		cfg.ResolvConf = resolvConf(m.dns)
-	} else {
-		cfg.LoopbackOnly = true
-	}
-	return nil
-}
-
 // sameShape says whether a group made with a enforces b (a cpuset of as many CPUs is as
 // good as another).
 func sameShape(a, b cgroup.Limits) bool {
 	n := func(s string) int { return len(strings.Split(s, ",")) }
 	return a.MemoryBytes == b.MemoryBytes && a.CPUs == b.CPUs && a.Pids == b.Pids &&
 		(a.CPUSet == "") == (b.CPUSet == "") && n(a.CPUSet) == n(b.CPUSet)
-}
-
-// preconfine does confine's work ahead, for an init spawned before any session asked
-// (WithPrespawn), for what a session that says nothing gets: the default machine and the
-// network (on unless said otherwise). Whatever fails here is left for Boot to do, or to
-// refuse.
-func (m *machine) preconfine(ctx context.Context) {
-	ms, err := shape(&backend.Spec{})
-	var wg sync.WaitGroup
-	if err == nil && !ms.none {
-		wg.Go(func() {
-			g, err := newGroup(ms)
-			if err != nil || g == nil {
-				return
-			}
-			if g.Add(m.pid) != nil {
-				g.Destroy()
-				return
-			}
-			m.group, m.limits = g, ms.limits
-		})
-	}
-	if networkAvailable() == nil {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			if c, dns, err := startUserNet(ctx, m.pid); err == nil {
-				m.net, m.dns = c, dns
-			}
-		})
-	}
-	wg.Wait()
 }
 
 // Exec runs a command through the relay. When it ends without a result (its timeout, or
@@ -359,12 +283,19 @@ func (m *machine) Exec(ctx context.Context, req executor.ExecRequest) (executor.
 // initThreads is how many OS threads init makes for itself ahead of need. The Go runtime
 // makes threads on demand and aborts the process when it cannot (clone EAGAIN): in a
 // session whose commands have used up its pids limit (a fork bomb), PID 1 must not need
-// a new one. Threads the runtime has made stay, idle, for it to reuse.
-const initThreads = 24
+// a new one. Threads the runtime has made stay, idle, for it to reuse. An idle executor
+// runs on about 5; the relay, a running command's wait and the port dialer need a few
+// more at once.
+const initThreads = 16
+
+// prewarmAfter keeps the thread making off the first command's path (a bomb takes far
+// longer than that to reach the pids limit).
+const prewarmAfter = 20 * time.Millisecond
 
 // prewarmThreads makes the runtime start n OS threads (each goroutine locked to one while
-// they all wait), then lets them go idle.
-func prewarmThreads(n int) {
+// they all wait), after a delay, then lets them go idle.
+func prewarmThreads(n int, after time.Duration) {
+	time.Sleep(after)
 	var wg sync.WaitGroup
 	release := make(chan struct{})
 	for range n {
@@ -380,25 +311,16 @@ func prewarmThreads(n int) {
 	close(release)
 }
 
-// takeSpareFor is takeSpare for a session that wants network or not. The init spawned
-// ahead has the network a session that says nothing gets: for network false its start is
-// cancelled, or the helper stopped, which takes its tap device with it (and init checks
-// that loopback is all its namespace has before it runs anything).
-func (b *Backend) takeSpareFor(network bool) *machine {
-	if !network && b.spare != nil {
-		if m := <-b.spare; m != nil {
-			if m.cancelPre != nil {
-				m.cancelPre()
-			}
-			b.spare <- m
-		}
+// hintNetwork tells the init spawned ahead whether the first session wants network
+// (the first init's Admit; later ones change nothing).
+func (b *Backend) hintNetwork(network bool) {
+	if b.netHint == nil {
+		return
 	}
-	m := b.takeSpare()
-	if m != nil && !network && m.net != nil {
-		m.net.Close()
-		m.net, m.dns = nil, nil
+	select {
+	case b.netHint <- network:
+	default:
 	}
-	return m
 }
 
 // The cgroup reaper: a SIGKILLed server cannot remove its groups, and cgroupfs removes
@@ -462,4 +384,182 @@ func startReaper() {
 	}
 	reaperPipe = w
 	go cmd.Wait()
+}
+
+// confine puts a spawned init, before its boot, in the session's cgroup (so everything it
+// starts is born inside and limited) and sees to its network. An init spawned ahead may
+// have a group already (preconfine): one of another shape is replaced (init moved to the
+// new one first). For network false a helper started ahead is stopped (its tap device
+// goes with it) and init checks that lo is all it has. For network true the helper is
+// started, or left starting, in the background: the boot goes on beside it with a
+// resolv.conf of its own, which netUp fills in once the helper is up, before the
+// session runs anything.
+func (m *machine) confine(ctx context.Context, ms machineShape, network bool, cfg *bootConfig) error {
+	if !ms.none && (m.group == nil || !sameShape(m.limits, ms.limits)) {
+		old := m.group
+		m.group = nil
+		g, err := newGroup(ms)
+		if err != nil {
+			return err
+		}
+		if g != nil {
+			if err := m.joined(); err != nil && old == nil {
+				return err
+			}
+			m.group, m.limits = g, ms.limits
+			m.join(g)
+			if old != nil {
+				// init leaves the old group only once it is in the new one.
+				if err := m.joined(); err != nil {
+					return err
+				}
+			}
+		}
+		if old != nil {
+			if err := old.Destroy(); err != nil {
+				return fmt.Errorf("%w: the cgroup made ahead: %v", backend.ErrBootFailed, err)
+			}
+		}
+	}
+	if !network {
+		m.stopNet()
+		cfg.LoopbackOnly = true
+		return nil
+	}
+	if m.netDone == nil {
+		m.startNet(ctx, nil)
+	}
+	cfg.ResolvConf = resolvPending
+	return nil
+}
+
+// resolvPending is the session's resolv.conf until its network is up (nothing runs in
+// the session before netUp replaces it).
+const resolvPending = "# virtx: the session's network is starting\n"
+
+// startNet starts the network helper in the background, once hint (if given) says the
+// session wants it; netDone is closed when it is up or has failed (netErr).
+func (m *machine) startNet(ctx context.Context, hint <-chan bool) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	m.netDone, m.cancelNet = make(chan struct{}), cancel
+	go func() {
+		defer close(m.netDone)
+		defer cancel()
+		if hint != nil {
+			// Started once the first init says it wants it (Admit), not before: a
+			// network false session would otherwise wait for the helper's tap device
+			// to be torn down, which takes the kernel several milliseconds.
+			select {
+			case want := <-hint:
+				if !want {
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+		m.net, m.dns, m.netErr = startUserNet(ctx, m.pid)
+		if m.net == nil && m.netErr == nil {
+			m.netErr = errors.New("no network helper")
+		}
+	}()
+}
+
+// stopNet stops a helper started (or starting) in the background.
+func (m *machine) stopNet() {
+	if m.netDone == nil {
+		return
+	}
+	m.cancelNet()
+	<-m.netDone
+	if m.net != nil {
+		m.net.Close()
+	}
+	m.net, m.dns, m.netErr, m.netDone = nil, nil, nil, nil
+}
+
+// netUp waits, after the boot, for the network helper, starting it if the one started
+// ahead never was (its hint said no), and writes the session's resolv.conf naming the
+// helper's resolver: a file on a tmpfs of its own (see mountResolvConf), so neither the
+// image nor the session's writes hold it.
+func (m *machine) netUp(ctx context.Context) error {
+	if m.netDone == nil {
+		return nil // network false
+	}
+	select {
+	case <-m.netDone:
+	case <-ctx.Done():
+		return fmt.Errorf("%w: network true: %v", backend.ErrBootFailed, ctx.Err())
+	}
+	if m.net == nil && m.netErr == nil {
+		m.startNet(ctx, nil) // the hint said no; this session says yes
+		<-m.netDone
+	}
+	if m.netErr != nil {
+		return m.netErr
+	}
+	if _, err := m.Client.Write(ctx, "/etc/resolv.conf", []byte(resolvConf(m.dns)), 0, false); err != nil {
+		return fmt.Errorf("%w: the session's resolv.conf: %v", backend.ErrBootFailed, err)
+	}
+	return nil
+}
+
+// preconfine does confine's work ahead, for an init spawned before any session asked
+// (WithPrespawn): the group of the default machine, and the network helper once the
+// first init says it wants one (hint). Whatever fails here is left for Boot to do, or
+// to refuse.
+func (m *machine) preconfine(ctx context.Context, hint <-chan bool) {
+	if networkAvailable() == nil {
+		m.startNet(ctx, hint)
+	}
+	ms, err := shape(&backend.Spec{})
+	if err != nil || ms.none {
+		return
+	}
+	g, err := newGroup(ms)
+	if err != nil || g == nil {
+		return
+	}
+	m.group, m.limits = g, ms.limits
+	m.join(g)
+}
+
+// join moves init into g in the background: a migration between cgroups waits for an
+// RCU grace period in each hierarchy (v1 has five), milliseconds that need not come
+// before init builds its root filesystem — only before it runs anything (joined, which
+// Boot waits for before the boot when an init snapshot is to be written, whose pages
+// must be charged to the session, and before it returns).
+func (m *machine) join(g *cgroup.Group) {
+	done := make(chan struct{})
+	m.added = done
+	go func() {
+		defer close(done)
+		if err := g.Add(m.pid); err != nil {
+			m.addErr = fmt.Errorf("%w: putting init in the session's cgroup: %v", backend.ErrBootFailed, err)
+		}
+	}()
+}
+
+// joined waits for join.
+func (m *machine) joined() error {
+	if m.added == nil {
+		return nil
+	}
+	<-m.added
+	return m.addErr
+}
+
+// takeSpareFor is takeSpare for a session that wants network or not: for network false,
+// the network start of the init spawned ahead is cancelled (confine stops it if it was
+// quicker).
+func (b *Backend) takeSpareFor(network bool) *machine {
+	if !network && b.spare != nil {
+		if m := <-b.spare; m != nil {
+			if m.cancelPre != nil {
+				m.cancelPre()
+			}
+			b.spare <- m
+		}
+	}
+	return b.takeSpare()
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"path"
 	"strings"
@@ -104,6 +103,7 @@ func (b *Backend) Admit(ctx context.Context, spec *backend.Spec) (string, error)
 	if _, err := shape(spec); err != nil {
 		return "", err
 	}
+	b.hintNetwork(spec.Network)
 	disk, err := diskBytes(spec)
 	if err != nil {
 		return "", err
@@ -129,14 +129,7 @@ func (b *Backend) Admit(ctx context.Context, spec *backend.Spec) (string, error)
 
 // treeSource is the host directory a file:// tree names.
 func treeSource(i int, m protocol.Mount) (string, error) {
-	if s := m.Scheme(); s != "file" {
-		return "", fmt.Errorf("%w: mount %d (%s): the sandbox has no provider for %s:// trees (only file://)", backend.ErrUnsupportedMount, i+1, m.URL, s)
-	}
-	u, err := url.Parse(m.URL)
-	if err != nil || (u.Host != "" && u.Host != "localhost") || !path.IsAbs(u.Path) {
-		return "", fmt.Errorf("%w: mount %d (%s): want file:///absolute/path", backend.ErrUnsupportedMount, i+1, m.URL)
-	}
-	return path.Clean(u.Path), nil
+	return backend.FileTree("sandbox", i, m)
 }
 
 // checkLayer reads a snapshot's tar headers: a blob that is not a layer tar is refused at

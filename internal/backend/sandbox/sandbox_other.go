@@ -43,3 +43,5 @@ func shape(spec *backend.Spec) (machineShape, error) {
 	return machineShape{}, fmt.Errorf("%w: %v", backend.ErrUnsupportedMachine, errUnsupported)
 }
 func reapStaleGroups() {}
+
+func (b *Backend) hintNetwork(bool) {}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"path"
@@ -24,6 +23,7 @@ import (
 	"virtx.dev/virtx/internal/backend"
 	"virtx.dev/virtx/internal/executor"
 	"virtx.dev/virtx/internal/guest"
+	"virtx.dev/virtx/internal/network"
 	"virtx.dev/virtx/internal/relay"
 	"virtx.dev/virtx/protocol"
 )
@@ -39,6 +39,8 @@ type Backend struct {
 	mu       sync.Mutex
 	diskSpec *backend.Spec // the session the disk belongs to
 	disk     *os.File      // unlinked; nil until the first boot of that session
+
+	imgs images
 
 	accelOnce sync.Once
 	accel     string
@@ -59,8 +61,10 @@ func (b *Backend) Name() string { return "vm" }
 
 // Admit refuses what a microVM cannot give, without booting anything.
 func (b *Backend) Admit(ctx context.Context, spec *backend.Spec) (string, error) {
-	if spec.Image != nil {
-		return "", fmt.Errorf("%w: image %s: images arrive with the image store; the vm backend runs the host image for now", backend.ErrUnsupportedImage, spec.Image)
+	if spec.Network {
+		if err := networkAvailable(); err != nil {
+			return "", err
+		}
 	}
 	if spec.GPU != nil && *spec.GPU {
 		return "", fmt.Errorf("%w: gpu true: the vm backend gives its guests no GPU device", backend.ErrUnsupportedMachine)
@@ -93,19 +97,25 @@ func (b *Backend) Admit(ctx context.Context, spec *backend.Spec) (string, error)
 			return "", err
 		}
 	}
-	return "/root", nil
+	cwd := "/root"
+	if spec.Image != nil {
+		var err error
+		if cwd, err = b.admitImage(ctx, spec); err != nil {
+			return "", err
+		}
+	}
+	// This init replaces the session: only its image and the booted one's stay held
+	// (the booted one goes at the next boot).
+	b.mu.Lock()
+	booted := b.diskSpec
+	b.mu.Unlock()
+	b.releaseImages(spec, booted)
+	return cwd, nil
 }
 
 // treePath is the host directory of a file:// tree.
 func treePath(i int, m protocol.Mount) (string, error) {
-	if m.Scheme() != "file" {
-		return "", fmt.Errorf("%w: mount %d (%s): the vm backend has no provider for %s:// trees (only file://)", backend.ErrUnsupportedMount, i+1, m.URL, m.Scheme())
-	}
-	u, err := url.Parse(m.URL)
-	if err != nil || (u.Host != "" && u.Host != "localhost") || !path.IsAbs(u.Path) {
-		return "", fmt.Errorf("%w: mount %d (%s): want file:///absolute/path", backend.ErrUnsupportedMount, i+1, m.URL)
-	}
-	return path.Clean(u.Path), nil
+	return backend.FileTree("vm", i, m)
 }
 
 func hostMemoryMiB() uint64 {
@@ -142,6 +152,20 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 			"HOME=/root", "USER=root", "LOGNAME=root", "LANG=C.UTF-8",
 		},
 	}
+	var layers []string
+	if spec.Image != nil {
+		im := b.heldImage(spec)
+		if im == nil { // an init admitted elsewhere: resolve it now
+			if _, err := b.admitImage(ctx, spec); err != nil {
+				return nil, err
+			}
+			im = b.heldImage(spec)
+		}
+		layers = im.Lowers
+		cfg.Image, cfg.ImageLayers = true, len(layers)
+		cfg.Env = imageEnv(im.Config.Env, cfg.Hostname)
+		cfg.Workdir = im.Config.WorkingDir
+	}
 	mem := spec.MemoryMiB
 	if mem == 0 {
 		mem = DefaultMemoryMiB
@@ -172,11 +196,11 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 	}
 	b.log.Debug("vm disk", "took", time.Since(t0))
 	accel := b.acceleration()
-	m, err := b.boot(ctx, spec, assets, cfg, trees, disk, accel)
+	m, err := b.boot(ctx, spec, assets, cfg, trees, layers, disk, accel)
 	if err != nil && accel == "kvm" && errors.Is(err, errBootTimeout) {
 		// KVM that cannot run this guest (a PVM-only host): say so once, use TCG.
 		b.kvmBroken(err)
-		m, err = b.boot(ctx, spec, assets, cfg, trees, disk, "tcg")
+		m, err = b.boot(ctx, spec, assets, cfg, trees, layers, disk, "tcg")
 	}
 	return m, err
 }
@@ -193,6 +217,7 @@ func (b *Backend) diskFor(ctx context.Context, spec *backend.Spec, a *Assets) (*
 		b.disk.Close()
 		b.disk = nil
 	}
+	b.releaseImages(spec) // a new session: the last one's image is no one's
 	gib := spec.DiskGiB
 	if gib == 0 {
 		gib = DefaultDiskGiB
@@ -223,13 +248,13 @@ func (b *Backend) diskFor(ctx context.Context, spec *backend.Spec, a *Assets) (*
 var errBootTimeout = errors.New("the guest did not answer in time")
 
 // boot starts virtiofsd and QEMU and waits for the guest's executor to answer.
-func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *guest.Config, trees []shareTree, disk *os.File, accel string) (_ backend.Machine, err error) {
+func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *guest.Config, trees []shareTree, layers []string, disk *os.File, accel string) (_ backend.Machine, err error) {
 	start := time.Now()
 	run, err := newRunDir(b.cacheDir)
 	if err != nil {
 		return nil, fmt.Errorf("%w: run dir: %v", backend.ErrBootFailed, err)
 	}
-	m := &machine{run: run, log: b.log, fwd: map[uint16]int{}, exited: make(chan struct{})}
+	m := &machine{run: run, log: b.log, exited: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			m.teardown()
@@ -240,47 +265,52 @@ func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *
 	}
 
 	// virtiofsd, on a socket we listen on (so QEMU can connect at once), in the share's
-	// own mount namespace.
-	fsLn, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(run, "fs.sock"), Net: "unix"})
-	if err != nil {
-		return nil, fail("virtiofsd socket: %v", err)
-	}
-	fsLn.SetUnlinkOnClose(false)
-	fsFile, err := fsLn.File()
-	fsLn.Close()
-	if err != nil {
-		return nil, fail("virtiofsd socket: %v", err)
-	}
-	defer fsFile.Close()
+	// own mount namespace; a second one for an image's layers.
 	share := filepath.Join(run, "share")
 	if err := os.Mkdir(share, 0o755); err != nil {
 		return nil, fail("%v", err)
 	}
+	fsFile, err := listenFile(filepath.Join(run, "fs.sock"))
+	if err != nil {
+		return nil, fail("virtiofsd socket: %v", err)
+	}
+	defer fsFile.Close()
 	fsdLog, err := os.Create(filepath.Join(run, "virtiofsd.log"))
 	if err != nil {
 		return nil, fail("%v", err)
 	}
 	defer fsdLog.Close()
-	m.fsd = exec.Command(a.Virtiofsd, "--fd=3", "-o", "source="+share, "-o", "cache=always",
-		"-o", "sandbox=namespace", "-o", "log_level=err", "-o", "no_posix_lock", "-o", "no_flock")
-	m.fsd.ExtraFiles = []*os.File{fsFile}
-	m.fsd.Stdout, m.fsd.Stderr = fsdLog, fsdLog
+	m.fsd = virtiofsd(a.Virtiofsd, share, fsFile, fsdLog, false)
+	cmds := []*exec.Cmd{m.fsd}
 	ss := &shareSpec{dir: share, trees: trees, config: cfg}
 	if cfg.Snapshot {
 		ss.snapshot = spec.Snapshot
 	}
-	if err := theSpawner.inPrivateNS(func() error { return buildShare(ss) }, m.fsd); err != nil {
-		if m.fsd.Process == nil {
-			m.fsd = nil
+	if cfg.Image {
+		ss.image = filepath.Join(run, "image")
+		ss.layers = layers
+		if err := os.Mkdir(ss.image, 0o755); err != nil {
+			return nil, fail("%v", err)
 		}
+		imgFile, err := listenFile(filepath.Join(run, "img.sock"))
+		if err != nil {
+			return nil, fail("virtiofsd socket: %v", err)
+		}
+		defer imgFile.Close()
+		m.imgd = virtiofsd(a.Virtiofsd, ss.image, imgFile, fsdLog, true)
+		cmds = append(cmds, m.imgd)
+	}
+	if err := theSpawner.inPrivateNS(func() error { return buildShare(ss) }, cmds...); err != nil {
 		if strings.Contains(err.Error(), "bind ") {
 			return nil, fmt.Errorf("%w: %v", backend.ErrMountFailed, err)
 		}
 		return nil, fail("the share: %v", err)
 	}
-	_ = recordPid(run, "virtiofsd", m.fsd.Process.Pid)
+	for _, c := range cmds {
+		_ = recordPid(run, "virtiofsd", c.Process.Pid)
+		go c.Wait()
+	}
 	b.log.Debug("vm share", "took", time.Since(start))
-	go func() { m.fsd.Wait() }()
 
 	// The control channel: QEMU connects to us as it starts.
 	ctlLn, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(run, "ctl.sock"), Net: "unix"})
@@ -289,7 +319,7 @@ func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *
 	}
 	defer ctlLn.Close()
 
-	args, err := b.qemuArgs(spec, a, run, accel, m.fwd)
+	args, err := b.qemuArgs(spec, a, run, accel, cfg.Image)
 	if err != nil {
 		return nil, err
 	}
@@ -301,12 +331,22 @@ func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *
 	m.qemu = exec.Command(a.QEMU, args...)
 	m.qemu.ExtraFiles = []*os.File{disk}
 	m.qemu.Stdout, m.qemu.Stderr = qemuLog, qemuLog
+	if spec.Network {
+		// A network namespace of QEMU's own, where its tap meets slirp4netns's.
+		m.qemu.SysProcAttr = &unix.SysProcAttr{Cloneflags: unix.CLONE_NEWNET}
+	}
 	if err := theSpawner.startCmd(m.qemu); err != nil {
 		m.qemu = nil
 		return nil, fail("starting %s: %v", a.QEMU, err)
 	}
 	_ = recordPid(run, "qemu", m.qemu.Process.Pid)
 	go func() { m.qemu.Wait(); close(m.exited) }()
+	if spec.Network {
+		if m.net, err = startNetwork(ctx, m.qemu.Process.Pid); err != nil {
+			return nil, fail("the guest's network: %v", err)
+		}
+		b.log.Debug("vm network", "took", time.Since(start))
+	}
 
 	deadline := time.Now().Add(BootTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -325,8 +365,36 @@ func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *
 	return m, nil
 }
 
+// listenFile listens on a unix socket at p and answers the listener as a file for a
+// child (virtiofsd's --fd); the socket's name stays until the run dir goes.
+func listenFile(p string) (*os.File, error) {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(false)
+	defer ln.Close()
+	return ln.File()
+}
+
+// virtiofsd is the command of a virtiofsd serving dir on the listening socket sock
+// (passed as fd 3). The image's one (xattrs) passes extended attributes through and
+// keeps CAP_SYS_ADMIN, so the guest's overlay reads the layers' trusted.overlay.opaque
+// marks; its whole tree is read-only, so nothing the guest does writes an attribute.
+func virtiofsd(bin, dir string, sock, log *os.File, xattrs bool) *exec.Cmd {
+	args := []string{"--fd=3", "-o", "source=" + dir, "-o", "cache=always",
+		"-o", "sandbox=namespace", "-o", "log_level=err", "-o", "no_posix_lock", "-o", "no_flock"}
+	if xattrs {
+		args = append(args, "-o", "xattr", "-o", "modcaps=+sys_admin")
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.ExtraFiles = []*os.File{sock}
+	cmd.Stdout, cmd.Stderr = log, log
+	return cmd
+}
+
 // qemuArgs is the QEMU command line for one boot.
-func (b *Backend) qemuArgs(spec *backend.Spec, a *Assets, run, accel string, fwd map[uint16]int) ([]string, error) {
+func (b *Backend) qemuArgs(spec *backend.Spec, a *Assets, run, accel string, image bool) ([]string, error) {
 	vcpus, mem := spec.VCPUs, spec.MemoryMiB
 	if vcpus == 0 {
 		vcpus = DefaultVCPUs
@@ -369,34 +437,17 @@ func (b *Backend) qemuArgs(spec *backend.Spec, a *Assets, run, accel string, fwd
 		"-drive", "file=/dev/fd/3,format=raw,if=none,id=disk,cache=unsafe,discard=unmap",
 		"-device", "virtio-blk-device,drive=disk",
 	}
+	if image {
+		args = append(args, "-chardev", "socket,id=img,path="+filepath.Join(run, "img.sock"),
+			"-device", "vhost-user-fs-device,chardev=img,tag="+guest.ImageShareTag)
+	}
 	if spec.Network {
-		// restrict=on: the guest opens no connection out of slirp, so 10.0.2.2 (slirp's
-		// alias of the host's loopback) reaches nothing; hostfwd still brings ports in.
-		netdev := "user,id=net,restrict=on"
-		for _, p := range spec.Ports {
-			if _, ok := fwd[p.Guest]; ok {
-				continue
-			}
-			hp, err := freePort()
-			if err != nil {
-				return nil, fmt.Errorf("%w: a host port for guest port %d: %v", backend.ErrBootFailed, p.Guest, err)
-			}
-			fwd[p.Guest] = hp
-			netdev += fmt.Sprintf(",hostfwd=tcp:127.0.0.1:%d-:%d", hp, p.Guest)
-		}
-		args = append(args, "-netdev", netdev, "-device", "virtio-net-device,netdev=net")
+		// A tap in QEMU's own network namespace, bridged there to slirp4netns's
+		// (network_linux.go).
+		args = append(args, "-netdev", "tap,id=net,ifname="+qemuTap+",script=no,downscript=no",
+			"-device", "virtio-net-device,netdev=net,mac="+guestMAC)
 	}
 	return args, nil
-}
-
-// freePort picks an ephemeral port on 127.0.0.1 for a forward.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // hostTSCkHz is the host's TSC frequency in kHz as /proc/cpuinfo gives it (cpu MHz).
@@ -489,8 +540,9 @@ type machine struct {
 	conn   *net.UnixConn
 	qemu   *exec.Cmd
 	fsd    *exec.Cmd
+	imgd   *exec.Cmd // virtiofsd of an image's layers; nil on the host image
 	exited chan struct{}
-	fwd    map[uint16]int
+	net    *network.UserNet // slirp4netns, with network on
 	once   sync.Once
 }
 
@@ -521,8 +573,9 @@ func (m *machine) bootError(err error) error {
 
 // Exec relays a command. A guest that has not answered ExecGrace after the command's
 // own timeout is taken as hung (the executor in it kills at the timeout): QEMU is
-// killed by PID and the call answers BOOT_FAILED, so no call waits forever on a guest
-// that cannot answer.
+// killed by PID and the call answers BOOT_FAILED as backend.ErrMachineGone, so the
+// server drops the machine and the next call boots a new one; no call waits forever on
+// a guest that cannot answer.
 func (m *machine) Exec(ctx context.Context, req executor.ExecRequest) (executor.ExecResult, error) {
 	if req.Timeout <= 0 {
 		return m.Client.Exec(ctx, req)
@@ -536,19 +589,18 @@ func (m *machine) Exec(ctx context.Context, req executor.ExecRequest) (executor.
 	defer wd.Stop()
 	res, err := m.Client.Exec(ctx, req)
 	if hung.Load() {
-		return executor.ExecResult{}, fmt.Errorf("%w: the guest did not answer %v after the command's %v timeout and was killed; the next call boots it again once the session is stopped", backend.ErrBootFailed, ExecGrace, req.Timeout)
+		// ErrMachineGone: the server drops this machine, and the next call boots anew.
+		return executor.ExecResult{}, fmt.Errorf("%w: the guest did not answer %v after the command's %v timeout and was killed; the next call boots it again", backend.ErrMachineGone, ExecGrace, req.Timeout)
 	}
 	return res, err
 }
 
-// DialPort connects to a guest port through its per-boot host forward.
+// DialPort connects to a guest port from inside QEMU's network namespace.
 func (m *machine) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
-	hp, ok := m.fwd[port]
-	if !ok {
-		return nil, fmt.Errorf("%w: guest port %d is not forwarded in this boot", backend.ErrUnsupportedNetwork, port)
+	if m.net == nil {
+		return nil, fmt.Errorf("%w: guest port %d: the session has no network (init with network true to reach its ports)", backend.ErrUnsupportedNetwork, port)
 	}
-	var d net.Dialer
-	return d.DialContext(ctx, "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(hp)))
+	return dialGuest(ctx, m.qemu.Process.Pid, port)
 }
 
 // Shutdown ends the VM: the guest is told by the end of its channel (it kills
@@ -577,8 +629,13 @@ func (m *machine) teardown() {
 				<-m.exited
 			}
 		}
-		if m.fsd != nil && m.fsd.Process != nil {
-			m.fsd.Process.Kill()
+		if m.net != nil {
+			m.net.Close()
+		}
+		for _, c := range []*exec.Cmd{m.fsd, m.imgd} {
+			if c != nil && c.Process != nil {
+				c.Process.Kill()
+			}
 		}
 		if os.Getenv("VIRTX_VM_DEBUG") == "" {
 			os.RemoveAll(m.run)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -46,6 +47,10 @@ type shareSpec struct {
 	trees    []shareTree
 	config   *guest.Config
 	snapshot []byte
+	// image is the empty directory the image share goes over, layers the image's
+	// layer directories (top first); "" and nil on the host image.
+	image  string
+	layers []string
 }
 
 type shareTree struct {
@@ -63,6 +68,31 @@ func buildShare(s *shareSpec) error {
 	if err := os.Mkdir(base, 0o755); err != nil {
 		return err
 	}
+	if s.image != "" {
+		return buildImageShare(s, base)
+	}
+	if err := hostImage(base); err != nil {
+		return err
+	}
+	hosts, _ := os.ReadFile("/etc/hosts")
+	if len(hosts) == 0 {
+		hosts = []byte(defaultHosts)
+	}
+	resolv := "# no network in this session\n"
+	if s.config.Network {
+		resolv = "nameserver " + guest.GuestNameserve + "\n"
+	}
+	if err := etcFiles(filepath.Join(base, "etc"), s.config.Hostname, hosts, resolv); err != nil {
+		return err
+	}
+	return finishShare(s)
+}
+
+const defaultHosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+
+// hostImage fills base with the host image: the host's system dirs bound read-only,
+// the empty dirs, and the curated /etc.
+func hostImage(base string) error {
 	for _, d := range hostImageDirs {
 		src := "/" + d
 		fi, err := os.Lstat(src)
@@ -103,24 +133,106 @@ func buildShare(s *shareSpec) error {
 			return fmt.Errorf("host image /etc/%s: %w", name, err)
 		}
 	}
-	hosts, _ := os.ReadFile("/etc/hosts")
-	if len(hosts) == 0 {
-		hosts = []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
-	}
-	hosts = append(hosts, []byte("127.0.1.1\t"+s.config.Hostname+"\n")...)
+	return nil
+}
+
+// etcFiles writes the session's hosts (with its host name added), hostname and, when
+// resolv is not "", resolv.conf into etc.
+func etcFiles(etc, hostname string, hosts []byte, resolv string) error {
+	hosts = append(hosts, []byte("127.0.1.1\t"+hostname+"\n")...)
 	if err := os.WriteFile(filepath.Join(etc, "hosts"), hosts, 0o644); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(etc, "hostname"), []byte(s.config.Hostname+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(etc, "hostname"), []byte(hostname+"\n"), 0o644); err != nil {
 		return err
 	}
-	resolv := "# no network in this session\n"
-	if s.config.Network {
-		resolv = "nameserver " + guest.GuestNameserve + "\n"
+	if resolv != "" {
+		return os.WriteFile(filepath.Join(etc, "resolv.conf"), []byte(resolv), 0o644)
 	}
-	if err := os.WriteFile(filepath.Join(etc, "resolv.conf"), []byte(resolv), 0o644); err != nil {
+	return nil
+}
+
+// imageMountPoints are what base/ holds over an image's layers: the directories the
+// guest mounts on, which an image may lack (an empty directory over the image's own
+// merges with it).
+var imageMountPoints = []string{"proc", "sys", "dev", "run"}
+
+// buildImageShare fills an image session's share: base/ is only the top lower over
+// the image's layers — the mount points and the /etc files a session is given (hosts,
+// hostname, and resolv.conf when it has a network, as docker gives them) — and the
+// image share is a second read-only tmpfs with each layer bound read-only at 0 (the
+// top) … N-1, served by a virtiofsd of its own.
+func buildImageShare(s *shareSpec, base string) error {
+	for _, d := range imageMountPoints {
+		if err := mkdirLike(s.layers, base, d); err != nil {
+			return err
+		}
+	}
+	// etc over the image's: made with the attributes of the image's own, so the merged
+	// directory looks as the image made it; not at all where the image's /etc is no
+	// directory.
+	if fi, found := topEntry(s.layers, "etc"); !found || fi.IsDir() {
+		if err := mkdirLike(s.layers, base, "etc"); err != nil {
+			return err
+		}
+		resolv := ""
+		if s.config.Network {
+			resolv = "nameserver " + guest.GuestNameserve + "\n"
+		}
+		if err := etcFiles(filepath.Join(base, "etc"), s.config.Hostname, []byte(defaultHosts), resolv); err != nil {
+			return err
+		}
+	}
+	if err := finishShare(s); err != nil {
 		return err
 	}
+	if err := unix.Mount("tmpfs", s.image, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
+		return fmt.Errorf("mount tmpfs on %s: %w", s.image, err)
+	}
+	for i, l := range s.layers {
+		if err := bindRO(l, filepath.Join(s.image, fmt.Sprint(i)), true); err != nil {
+			return fmt.Errorf("image layer %s: %w", l, err)
+		}
+	}
+	if err := unix.Mount("", s.image, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("remount the image share read-only: %w", err)
+	}
+	return nil
+}
+
+// topEntry is what the image's topmost layer that has name holds there.
+func topEntry(layers []string, name string) (os.FileInfo, bool) {
+	for _, l := range layers {
+		if fi, err := os.Lstat(filepath.Join(l, name)); err == nil {
+			return fi, true
+		}
+	}
+	return nil, false
+}
+
+// mkdirLike makes base/name with the mode and owner of the image's own name when it is
+// a directory, else 0755 root.
+func mkdirLike(layers []string, base, name string) error {
+	p := filepath.Join(base, name)
+	if err := os.Mkdir(p, 0o755); err != nil {
+		return err
+	}
+	fi, found := topEntry(layers, name)
+	if !found || !fi.IsDir() {
+		return nil
+	}
+	if err := os.Chmod(p, fi.Mode()&(fs.ModePerm|fs.ModeSticky|fs.ModeSetuid|fs.ModeSetgid)); err != nil {
+		return err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return os.Lchown(p, int(st.Uid), int(st.Gid))
+	}
+	return nil
+}
+
+// finishShare writes the session's trees, config and snapshot into the share and makes
+// it read-only.
+func finishShare(s *shareSpec) error {
 	trees := filepath.Join(s.dir, guest.ShareTrees)
 	if err := os.Mkdir(trees, 0o755); err != nil {
 		return err

@@ -77,13 +77,15 @@ func (s *spawner) startCmd(cmd *exec.Cmd) error {
 }
 
 // inPrivateNS runs build in a fresh mount namespace of the spawner thread (mounts made
-// there propagate nowhere) and then start, whose children stay in that namespace; the
-// thread then goes back to the process's own namespace.
-func (s *spawner) inPrivateNS(build func() error, cmd *exec.Cmd) error {
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &unix.SysProcAttr{}
+// there propagate nowhere) and then starts cmds, whose processes stay in that namespace;
+// the thread then goes back to the process's own namespace.
+func (s *spawner) inPrivateNS(build func() error, cmds ...*exec.Cmd) error {
+	for _, cmd := range cmds {
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &unix.SysProcAttr{}
+		}
+		cmd.SysProcAttr.Pdeathsig = unix.SIGKILL
 	}
-	cmd.SysProcAttr.Pdeathsig = unix.SIGKILL
 	var err error
 	derr := s.do(func() {
 		if e := unix.Unshare(unix.CLONE_NEWNS); e != nil {
@@ -104,7 +106,11 @@ func (s *spawner) inPrivateNS(build func() error, cmd *exec.Cmd) error {
 		if err = build(); err != nil {
 			return
 		}
-		err = cmd.Start()
+		for _, cmd := range cmds {
+			if err = cmd.Start(); err != nil {
+				return
+			}
+		}
 	})
 	if derr != nil {
 		return derr

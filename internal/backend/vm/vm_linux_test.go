@@ -207,7 +207,8 @@ func TestAdmit(t *testing.T) {
 		{"default", backend.Spec{Network: true}, nil},
 		{"network off", backend.Spec{}, nil},
 		{"shape", backend.Spec{VCPUs: 1, MemoryMiB: 512, DiskGiB: 1}, nil},
-		{"image", backend.Spec{Image: &protocol.ImageSource{Type: protocol.ImageRef, Ref: "x:y"}}, backend.ErrUnsupportedImage},
+		// A digest the (empty) store lacks: no registry is asked.
+		{"image", backend.Spec{Image: &protocol.ImageSource{Type: protocol.ImageDigest, Digest: "sha256:" + strings.Repeat("e", 64)}}, imageRefusal()},
 		{"gpu", backend.Spec{GPU: &tr}, backend.ErrUnsupportedMachine},
 		{"vcpus", backend.Spec{VCPUs: 100000}, backend.ErrUnsupportedMachine},
 		{"memory too small", backend.Spec{MemoryMiB: 16}, backend.ErrUnsupportedMachine},
@@ -229,28 +230,28 @@ func TestAdmit(t *testing.T) {
 func TestQEMUArgs(t *testing.T) {
 	b := New(t.TempDir())
 	a := &Assets{Kernel: &Kernel{Vmlinux: "/k/vmlinux"}, Initramfs: "/k/initrd"}
-	fwd := map[uint16]int{}
-	args, err := b.qemuArgs(&backend.Spec{Network: true, VCPUs: 1, MemoryMiB: 768, Ports: []protocol.Port{{Host: 8080, Guest: 80}}}, a, "/run/x", "tcg", fwd)
+	args, err := b.qemuArgs(&backend.Spec{Network: true, VCPUs: 1, MemoryMiB: 768, Ports: []protocol.Port{{Host: 8080, Guest: 80}}}, a, "/run/x", "tcg", true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	line := strings.Join(args, " ")
 	for _, want := range []string{
 		"-smp 1", "-m 768M", "memory-backend-memfd,id=mem,size=768M,share=on", "-accel tcg",
-		"user,id=net,restrict=on,hostfwd=tcp:127.0.0.1:" + strconv.Itoa(fwd[80]) + "-:80",
+		"tap,id=net,ifname=tap0,script=no,downscript=no", "virtio-net-device,netdev=net",
+		"vhost-user-fs-device,chardev=img,tag=virtx-img",
 		"virtio-mmio.force-legacy=false", "tsc=reliable", "no_timer_check", "-no-reboot",
 	} {
 		if !strings.Contains(line, want) {
 			t.Errorf("missing %q in %s", want, line)
 		}
 	}
-	if fwd[80] == 0 {
-		t.Fatal("no host port picked for guest port 80")
+	if strings.Contains(line, "hostfwd") || strings.Contains(line, "user,") {
+		t.Errorf("QEMU's own user network is back: %s", line)
 	}
-	args, _ = b.qemuArgs(&backend.Spec{}, a, "/run/x", "tcg", map[uint16]int{})
+	args, _ = b.qemuArgs(&backend.Spec{}, a, "/run/x", "tcg", false)
 	line = strings.Join(args, " ")
-	if strings.Contains(line, "netdev") || strings.Contains(line, "virtio-net") {
-		t.Fatalf("network off still has a NIC: %s", line)
+	if strings.Contains(line, "netdev") || strings.Contains(line, "virtio-net") || strings.Contains(line, "virtx-img") {
+		t.Fatalf("network off still has a NIC, or the host image an image share: %s", line)
 	}
 	if !strings.Contains(line, fmt.Sprintf("-smp %d", DefaultVCPUs)) || !strings.Contains(line, fmt.Sprintf("-m %dM", DefaultMemoryMiB)) {
 		t.Fatalf("defaults: %s", line)
@@ -312,4 +313,13 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// imageRefusal is the vm backend's answer to an image the store lacks: unknown as root,
+// unsupported otherwise (the store's layers need root).
+func imageRefusal() error {
+	if os.Geteuid() == 0 {
+		return backend.ErrUnknownImage
+	}
+	return backend.ErrUnsupportedImage
 }
