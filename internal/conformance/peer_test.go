@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"virtx.dev/virtx/protocol"
 )
 
@@ -306,12 +304,4 @@ func trimNL(s string) string { return strings.TrimSuffix(s, "\n") }
 func (p *peer) pwd() string {
 	p.t.Helper()
 	return trimNL(string(p.exec("pwd").Stdout))
-}
-
-// growPipe raises a pipe's buffer to 1 MiB as the client library does, so the
-// benchmarks measure the server rather than 64 KiB pipe wake-ups.
-func growPipe(f any) {
-	if fd, ok := f.(interface{ Fd() uintptr }); ok {
-		_, _ = unix.FcntlInt(fd.Fd(), unix.F_SETPIPE_SZ, 1<<20)
-	}
 }
