@@ -3,6 +3,7 @@ package backend
 import (
 	"fmt"
 	"net/url"
+	"os"
 	"path"
 
 	"virtx.dev/virtx/protocol"
@@ -20,4 +21,21 @@ func FileTree(name string, i int, m protocol.Mount) (string, error) {
 		return "", fmt.Errorf("%w: mount %d (%s): want file:///absolute/path", ErrUnsupportedMount, i+1, m.URL)
 	}
 	return path.Clean(u.Path), nil
+}
+
+// TreeDir is FileTree at boot: the directory must be there, else ErrMountFailed naming
+// the entry (the mount is well formed; the environment is what has to change).
+func TreeDir(name string, i int, m protocol.Mount) (string, error) {
+	p, err := FileTree(name, i, m)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrMountFailed, err)
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return "", fmt.Errorf("%w: mount %d (%s): %v", ErrMountFailed, i+1, m, err)
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("%w: mount %d (%s): %s is not a directory", ErrMountFailed, i+1, m, p)
+	}
+	return p, nil
 }

@@ -141,16 +141,11 @@ func hasGPU() bool {
 func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine, error) {
 	var ro []string
 	for i, m := range spec.Mounts {
-		p, err := hostPath(i, m)
-		if err != nil {
+		if _, err := hostPath(i, m); err != nil {
 			return nil, fmt.Errorf("%w: %v", backend.ErrMountFailed, err)
 		}
-		fi, err := os.Stat(p)
-		if err != nil {
-			return nil, fmt.Errorf("%w: mount %d (%s): %v", backend.ErrMountFailed, i+1, m, err)
-		}
-		if !fi.IsDir() {
-			return nil, fmt.Errorf("%w: mount %d (%s): %s is not a directory", backend.ErrMountFailed, i+1, m, p)
+		if _, err := backend.TreeDir("host", i, m); err != nil {
+			return nil, err
 		}
 		if m.ReadOnly {
 			ro = append(ro, m.GuestPath)

@@ -175,16 +175,9 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 		cfg.Address, cfg.Gateway = guest.GuestAddress, guest.GuestGateway
 	}
 	for i, m := range spec.Mounts {
-		p, err := treePath(i, m)
+		p, err := backend.TreeDir("vm", i, m)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", backend.ErrMountFailed, err)
-		}
-		fi, err := os.Stat(p)
-		if err != nil {
-			return nil, fmt.Errorf("%w: mount %d (%s): %v", backend.ErrMountFailed, i+1, m, err)
-		}
-		if !fi.IsDir() {
-			return nil, fmt.Errorf("%w: mount %d (%s): %s is not a directory", backend.ErrMountFailed, i+1, m, p)
+			return nil, err
 		}
 		trees = append(trees, shareTree{host: p, ro: m.ReadOnly})
 		cfg.Trees = append(cfg.Trees, guest.Tree{Index: i, Guest: path.Clean(m.GuestPath), ReadOnly: m.ReadOnly})
