@@ -33,7 +33,7 @@ func openImageStore(ctx context.Context, cmd *cobra.Command) (*store.Store, erro
 func newImageCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "image",
-		Short: "Manage images: build, pull, ls, rm, import, export",
+		Short: "Manage images: build, pull, ls, rm, import, export, commit",
 		Long: `Manage the images sessions run on, kept in the cache dir's image store.
 
 Images are named as docker names them (alpine:3.20 is docker.io/library/alpine:3.20).
@@ -42,8 +42,14 @@ REGISTRY=URL pairs, e.g. docker.io=http://127.0.0.1:5000 (tried in order, then t
 registry itself). Credentials come from ~/.docker/config.json.`,
 	}
 	cmd.AddCommand(newImageBuild(), newImagePull(), newImageLs(), newImageRm(), newImageImport(), newImageExport())
+	for _, mk := range imageSubcommands {
+		cmd.AddCommand(mk())
+	}
 	return cmd
 }
+
+// imageSubcommands are `virtx image` commands added by other files of this package.
+var imageSubcommands []func() *cobra.Command
 
 func ctxOf(cmd *cobra.Command) context.Context {
 	if ctx := cmd.Context(); ctx != nil {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"archive/tar"
 	"bytes"
 	"io"
 	"log"
@@ -108,5 +109,42 @@ func TestImageCommands(t *testing.T) {
 	out, errOut, err = virtxImage(t, "pull", ref)
 	if err != nil || strings.TrimSpace(out) != ref+" "+d.String() || strings.Count(errOut, "pulled") != 2 {
 		t.Errorf("pull: %v\nstdout %s\nstderr %s", err, out, errOut)
+	}
+}
+
+// TestImageCommit: a snapshot (a layer tar with a whiteout) on top of its base becomes an
+// image whose export holds both layers, and a missing base is refused naming it.
+func TestImageCommit(t *testing.T) {
+	t.Setenv("VIRTX_HOME", t.TempDir())
+	t.Setenv("VIRTX_REGISTRY_MIRRORS", "")
+	rootfs := t.TempDir()
+	os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755)
+	os.WriteFile(filepath.Join(rootfs, "etc/os-release"), []byte("ID=test\n"), 0o644)
+	mustImage(t, "import", rootfs, "base:1")
+
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	tw.WriteHeader(&tar.Header{Name: "root/", Typeflag: tar.TypeDir, Mode: 0o700})
+	tw.WriteHeader(&tar.Header{Name: "root/made-in-session", Typeflag: tar.TypeReg, Mode: 0o644, Size: 2})
+	tw.Write([]byte("hi"))
+	tw.WriteHeader(&tar.Header{Name: "etc/.wh.os-release", Typeflag: tar.TypeReg, Mode: 0o644})
+	tw.Close()
+	snap := filepath.Join(t.TempDir(), "snapshot.tar")
+	os.WriteFile(snap, layer.Bytes(), 0o644)
+
+	digest := strings.TrimSpace(mustImage(t, "commit", "base:1", snap, "after:1"))
+	if !strings.HasPrefix(digest, "sha256:") {
+		t.Fatalf("commit printed %q", digest)
+	}
+	if ls := mustImage(t, "ls"); !strings.Contains(ls, "after ") || !strings.Contains(ls, "base ") {
+		t.Fatalf("ls after commit:\n%s", ls)
+	}
+	archive := filepath.Join(t.TempDir(), "after.tar")
+	mustImage(t, "export", "after:1", "-o", archive)
+	if fi, err := os.Stat(archive); err != nil || fi.Size() == 0 {
+		t.Fatalf("export: %v", err)
+	}
+	if _, errOut, err := virtxImage(t, "commit", "no-such-base:1", snap); err == nil || !strings.Contains(errOut+err.Error(), "no-such-base") {
+		t.Fatalf("commit on a missing base: %v %s", err, errOut)
 	}
 }
