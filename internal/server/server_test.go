@@ -341,3 +341,20 @@ func TestMachineThatDiesIsDroppedAndRebooted(t *testing.T) {
 		t.Fatalf("boots %d: no new machine", b)
 	}
 }
+
+func TestCallBeforeInitGetsTheDefaultSession(t *testing.T) {
+	f := &fakeBackend{admitErr: fmt.Errorf("%w: no limits here", backend.ErrUnsupportedMachine)}
+	c := serve(t, f)
+	if m := c.call("exec", &protocol.ExecParams{Cmd: []string{"x"}}); m.Err == nil || m.Err.Code != protocol.CodeUnsupportedMachine {
+		t.Fatalf("exec before init, default session refused: %v", m)
+	}
+	if b, _ := f.counts(); b != 0 {
+		t.Fatal("booted a session the backend refused")
+	}
+	f.mu.Lock()
+	f.admitErr = nil
+	f.mu.Unlock()
+	if m := c.call("exec", &protocol.ExecParams{Cmd: []string{"pwd"}}); m.Err != nil || string(m.Result.(*protocol.ExecResult).Stdout) != "/start" {
+		t.Fatalf("exec before init: %v", m)
+	}
+}

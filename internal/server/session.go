@@ -117,15 +117,20 @@ func specFromInit(p *protocol.InitParams) (*backend.Spec, error) {
 	return spec, nil
 }
 
-// currentSpec is the spec of the last init, or the default session ({}) before any.
-func (s *session) currentSpec() *backend.Spec {
-	if s.spec == nil {
-		s.spec = &backend.Spec{Network: true}
-		if cwd, err := s.backend.Admit(context.Background(), s.spec); err == nil {
-			s.cwd = cwd
-		}
+// currentSpec is the spec of the last init or, before any, the default session ({}), as
+// init would admit it: a call that needs a machine before any init gets the session an
+// empty init would have made — or that init's refusal. Called with mu held.
+func (s *session) currentSpec(ctx context.Context) (*backend.Spec, error) {
+	if s.spec != nil {
+		return s.spec, nil
 	}
-	return s.spec
+	spec := &backend.Spec{Network: true}
+	cwd, err := s.backend.Admit(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	s.spec, s.cwd = spec, cwd
+	return spec, nil
 }
 
 // up returns the booted machine, booting one first if the session is Idle.
@@ -135,7 +140,10 @@ func (s *session) up(ctx context.Context) (backend.Machine, error) {
 	if s.machine != nil {
 		return s.machine, nil
 	}
-	spec := s.currentSpec()
+	spec, err := s.currentSpec(ctx)
+	if err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	m, err := s.backend.Boot(ctx, spec)
 	if err != nil {
@@ -207,7 +215,7 @@ func (s *session) close(ctx context.Context) {
 func (s *session) getCwd() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.currentSpec()
+	s.currentSpec(context.Background()) // a refusal is answered by the call that boots
 	return s.cwd
 }
 
