@@ -5,7 +5,8 @@
 //	virtxbench -virtx ./virtx -n 50 [-runc-bundle DIR] [-podman-image REF] [-idle 100]
 //
 // Each measurement is a process started and waited for (peers), or a console session
-// driven through the console package (ours):
+// driven through the console package (ours); all are run in turn, round after round, so
+// that a shared machine's changing load falls on all of them alike:
 //
 //   - cold: spawn `virtx serve --backend sandbox`, init, first exec of /bin/true answered
 //     (network on, the protocol's default; and network off);
@@ -50,65 +51,70 @@ func main() {
 		*virtx = abs
 	}
 
-	res := map[string]result{}
-	add := func(r result) {
-		res[r.name] = r
-		fmt.Fprintf(os.Stderr, "%-12s median %8.2f ms %s\n", r.name, ms(r.median), r.note)
+	// Every measurement is run once per round, in turn, so that the load of a shared
+	// machine, which comes and goes, falls on all of them alike.
+	var subjects []*subject
+	addSubject := func(name string, n int, f func() error) {
+		subjects = append(subjects, &subject{name: name, n: n, f: f})
 	}
-	add(measure("fork+exec", *n, func() error { return exec.Command("/bin/true").Run() }))
+	addSubject("fork+exec", *n, func() error { return exec.Command("/bin/true").Run() })
+	res := map[string]result{}
 	if want("bwrap") {
 		if bw, err := exec.LookPath("bwrap"); err == nil {
 			args := []string{"--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
 				"--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
 				"--unshare-all", "--die-with-parent", "--new-session", "true"}
-			add(measure("bwrap", *n, func() error { return run(bw, args...) }))
+			addSubject("bwrap", *n, func() error { return run(bw, args...) })
 		} else {
-			add(result{name: "bwrap", note: "not installed"})
+			res["bwrap"] = result{name: "bwrap", note: "not installed"}
 		}
 	}
 	if want("runc") && *bundle != "" {
 		i := 0
-		add(measure("runc", *n, func() error {
+		addSubject("runc", *n, func() error {
 			i++
 			return run("runc", "run", "--bundle", *bundle, fmt.Sprintf("virtxbench-%d-%d", os.Getpid(), i))
-		}))
+		})
 	}
 	if want("podman") && *podmanImage != "" {
-		r := measure("podman", min(*n, 20), func() error {
+		addSubject("podman", min(*n, 20), func() error {
 			return run("podman", "run", "--rm", "--network=none", *podmanImage, "/bin/true")
 		})
-		add(r)
 	}
 	server := []string{*virtx, "serve", "--backend", "sandbox"}
 	ctx := context.Background()
 	if want("cold") {
-		add(measure("cold", *n, func() error { return coldSession(ctx, server, true) }))
+		addSubject("cold", *n, func() error { return coldSession(ctx, server, true) })
+	}
+	if want("coldoff") {
+		addSubject("cold-netoff", *n, func() error { return coldSession(ctx, server, false) })
 	}
 	if want("coldhost") {
 		// The same server and client without a sandbox: what a session costs before the
 		// backend does anything (two process starts, the protocol, one exec).
 		host := []string{*virtx, "serve", "--backend", "host"}
-		add(measure("cold-host", *n, func() error { return coldSession(ctx, host, true) }))
-	}
-	if want("coldoff") {
-		add(measure("cold-netoff", *n, func() error { return coldSession(ctx, server, false) }))
+		addSubject("cold-host", *n, func() error { return coldSession(ctx, host, true) })
 	}
 	if want("warm") {
 		c, err := console.Open(ctx, console.WithServer(server...))
 		if err != nil {
 			fatal(err)
 		}
+		defer c.Close()
 		if _, err := c.Exec(ctx, []string{"/bin/true"}); err != nil {
 			fatal(err)
 		}
-		add(measure("warm", *n*4, func() error {
+		addSubject("warm", *n, func() error {
 			r, err := c.Exec(ctx, []string{"/bin/true"})
 			if err == nil && r.Code != 0 {
 				err = fmt.Errorf("exit %d", r.Code)
 			}
 			return err
-		}))
-		c.Close()
+		})
+	}
+	for _, r := range measureAll(subjects) {
+		res[r.name] = r
+		fmt.Fprintf(os.Stderr, "%-12s median %8.2f ms %s\n", r.name, ms(r.median), r.note)
 	}
 	var rss idleRSS
 	if want("idle") && *idle > 0 {
@@ -152,31 +158,63 @@ func stopClock() {
 	clockMu.Unlock()
 }
 
-// measure runs f n times (after one warm-up run) and returns the median.
-func measure(name string, n int, f func() error) result {
-	if err := f(); err != nil {
-		return result{name: name, note: "cannot run here: " + firstLine(err.Error())}
-	}
-	var ds []time.Duration
-	for range n {
-		clockMu.Lock()
-		clockStop = time.Time{}
-		clockMu.Unlock()
-		t0 := time.Now()
-		err := f()
-		t1 := time.Now()
-		clockMu.Lock()
-		if !clockStop.IsZero() {
-			t1 = clockStop
+type subject struct {
+	name string
+	n    int
+	f    func() error
+	ds   []time.Duration
+	note string // why it could not be measured
+}
+
+// measureAll runs each subject once to warm it up (a subject that fails then cannot run
+// here), then in rounds, each subject once per round while it has runs left, and returns
+// the medians.
+func measureAll(subjects []*subject) []result {
+	for _, s := range subjects {
+		if err := s.f(); err != nil {
+			s.note = "cannot run here: " + firstLine(err.Error())
 		}
-		clockMu.Unlock()
-		if err != nil {
-			return result{name: name, note: "failed: " + firstLine(err.Error())}
-		}
-		ds = append(ds, t1.Sub(t0))
 	}
-	slices.Sort(ds)
-	return result{name: name, median: ds[len(ds)/2], note: fmt.Sprintf("(n=%d, p10 %.2f, p90 %.2f ms)", n, ms(ds[n/10]), ms(ds[n*9/10]))}
+	for round := 0; ; round++ {
+		ran := false
+		for _, s := range subjects {
+			if s.note != "" || round >= s.n {
+				continue
+			}
+			ran = true
+			clockMu.Lock()
+			clockStop = time.Time{}
+			clockMu.Unlock()
+			t0 := time.Now()
+			err := s.f()
+			t1 := time.Now()
+			clockMu.Lock()
+			if !clockStop.IsZero() {
+				t1 = clockStop
+			}
+			clockMu.Unlock()
+			if err != nil {
+				s.note = "failed: " + firstLine(err.Error())
+				continue
+			}
+			s.ds = append(s.ds, t1.Sub(t0))
+		}
+		if !ran {
+			break
+		}
+	}
+	var out []result
+	for _, s := range subjects {
+		if s.note != "" {
+			out = append(out, result{name: s.name, note: s.note})
+			continue
+		}
+		ds := s.ds
+		slices.Sort(ds)
+		n := len(ds)
+		out = append(out, result{name: s.name, median: ds[n/2], note: fmt.Sprintf("(n=%d, p10 %.2f, p90 %.2f ms)", n, ms(ds[n/10]), ms(ds[n*9/10]))})
+	}
+	return out
 }
 
 func firstLine(s string) string {

@@ -83,11 +83,25 @@ func TestVMImage(t *testing.T) {
 		}
 	}
 
+	// Two virtiofsd below the server (the share's and the image's, each a parent and
+	// its child in a PID namespace of their own: four processes), gone at a stop.
+	kids := vmChildren(p.cmd.Process.Pid)
+	n := 0
+	for _, name := range kids {
+		if strings.HasPrefix(name, "virtiofsd") {
+			n++
+		}
+	}
+	if n != 4 {
+		t.Errorf("want two virtiofsd (four processes) below the server, found %v", kids)
+	}
+
 	// A stop keeps the session's writes; the next boot is on the same image.
 	p.notify(protocol.MethodStop)
 	if got := p.sh("cat /opt/data/mine; test -e /etc/hello || echo no-hello; echo $GREETING"); got != "mine\nno-hello\nhi there\n" {
 		t.Errorf("after a stop: %q", got)
 	}
+	waitGone(t, kids, 10*time.Second)
 
 	// A snapshot on the image, given to init on the same image, is the writes again.
 	blob := p.ok(protocol.MethodSnapshot, nil).(*protocol.SnapshotResult).Blob

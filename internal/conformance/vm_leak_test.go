@@ -10,11 +10,11 @@ import (
 	"virtx.dev/virtx/protocol"
 )
 
-// vmChildren are the QEMU and virtiofsd processes below a server.
+// vmChildren are the QEMU, virtiofsd and slirp4netns processes below a server.
 func vmChildren(pid int) map[int]string {
 	out := map[int]string{}
 	for p, n := range descendants(pid) {
-		if strings.HasPrefix(n, "qemu") || strings.HasPrefix(n, "virtiofsd") {
+		if strings.HasPrefix(n, "qemu") || strings.HasPrefix(n, "virtiofsd") || strings.HasPrefix(n, "slirp4netns") {
 			out[p] = n
 		}
 	}
@@ -30,8 +30,8 @@ func TestVMServerKilled(t *testing.T) {
 	p.exec("true")
 	pid := p.cmd.Process.Pid
 	kids := vmChildren(pid)
-	if len(kids) < 2 {
-		t.Fatalf("want QEMU and virtiofsd below the server, found %v", kids)
+	if len(kids) < 3 {
+		t.Fatalf("want QEMU, virtiofsd and slirp4netns (network on) below the server, found %v", kids)
 	}
 	if len(runDirsOf(t, pid)) != 1 {
 		t.Fatalf("want one run dir of the server, found %v", runDirsOf(t, pid))

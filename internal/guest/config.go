@@ -11,20 +11,25 @@
 //     base/ is the read-only image (the host image: the host's system dirs and a
 //     curated /etc), trees/N are the session's trees (read-only ones already read-only
 //     on the host side), config.json is this file's Config, snapshot.tar the init
-//     snapshot when there is one.
+//     snapshot when there is one. A session on an OCI image also has the image share
+//     (tag "virtx-img", mounted read-only at /mnt/image): the layers as 0 (the top) …
+//     N-1, with their whiteouts and trusted.overlay.opaque marks; base/ is then only
+//     the mount points and the session's /etc files, stacked over them.
 //  4. Mount the session disk (/dev/vda, ext4 made by the host) at /mnt/disk; it holds
 //     the overlay's upper and work dirs and survives a stop. An init snapshot is applied
 //     into the upper once (executor.ApplyLayer), before anything runs.
-//  5. Mount the root: overlay of base/ and the upper (metacopy, redirect_dir and index
-//     off, so the upper is whole and executor.WriteLayer can hand it out as a layer),
-//     then /proc, /sys, /dev, /dev/pts, /dev/shm and /run in it, and each tree at its
-//     guest path, in the order init listed them (read-only binds stay read-only: a
-//     command gets EROFS). cgroup2 is mounted and PID 1 moves into a cgroup with
-//     Config.PidsMax as pids.max, so everything it starts shares that bound: a fork bomb
-//     ends there. A few idle runtime threads are started first, so PID 1 does not need
+//  5. Mount the root: overlay of base/ (over the image's layers, if any) and the upper
+//     (metacopy, redirect_dir and index off, so the upper is whole and
+//     executor.WriteLayer can hand it out as a layer), then /proc, /sys, /dev,
+//     /dev/pts, /dev/shm and /run in it, and each tree at its guest path, in the order
+//     init listed them (read-only binds stay read-only: a command gets EROFS), and the
+//     image's working directory when the layers lack it. cgroup2 is mounted and PID 1
+//     moves into a cgroup with Config.PidsMax as pids.max, so everything it starts
+//     shares that bound: a fork bomb ends there. A few idle runtime threads are started first, so PID 1 does not need
 //     a new thread (a pid) while a bomb holds them all.
-//  6. Network: lo always; eth0 with slirp's static address only when the session has a
-//     network (otherwise the host gives the VM no NIC at all).
+//  6. Network: lo always; eth0 with the static 10.0.2.15/24 and a default route via
+//     10.0.2.2 only when the session has a network (the host bridges the NIC to
+//     slirp4netns; otherwise it gives the VM no NIC at all).
 //  7. Switch root (move the new root onto /, chroot), after deleting the initramfs's
 //     files so their memory is freed.
 //  8. Serve: relay.Serve of an executor (PID 1, subreaper) on the virtio-serial port
@@ -52,6 +57,9 @@ type Config struct {
 	Address string `json:"address,omitempty"`
 	Gateway string `json:"gateway,omitempty"`
 	// Disk says the session disk is /dev/vda (ext4); otherwise the upper is a tmpfs.
+	// The guest goes by the kernel command line's virtx.disk (and virtx.net for
+	// Network's NIC), which the host sets to match: the disk is mounted, and the NIC's
+	// modules loaded, before this file can be read.
 	Disk bool `json:"disk"`
 	// Snapshot says /mnt/host/snapshot.tar is a layer to apply into a fresh upper.
 	Snapshot bool `json:"snapshot"`

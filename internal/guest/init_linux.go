@@ -111,22 +111,63 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 		return nil, "", boot("%v", err)
 	}
 	consoleStdio()
-	if b, _ := os.ReadFile("/proc/cmdline"); strings.Contains(string(b), "virtx.debug") {
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	flags := map[string]bool{}
+	for _, f := range strings.Fields(string(cmdline)) {
+		flags[f] = true
+	}
+	if flags["virtx.debug"] {
 		debugf = func(format string, args ...any) {
 			up, _ := os.ReadFile("/proc/uptime")
 			fmt.Fprintf(os.Stderr, "virtx-init: [%s] "+format+"\n", append([]any{strings.Fields(string(up))[0]}, args...)...)
 		}
 	}
 
-	debugf("if err := loadModules('/module")
-	if err := loadModules("/modules"); err != nil {
-		return nil, "", boot("%v", err)
+	// The modules load in the background, each as soon as its dependencies are in;
+	// the share and the session disk are mounted as soon as their drivers are, while
+	// the rest (overlay, the NIC's) still load. The host says on the kernel command
+	// line whether there is a disk (virtx.disk) and a NIC (virtx.net): the config that
+	// says so is on the share, which is what the first of them waits for.
+	debugf("modules")
+	skip := map[string]bool{}
+	if !flags["virtx.net"] {
+		for _, m := range netModules {
+			skip[m] = true
+		}
 	}
-	debugf("if err := retry(5*time.Second,")
+	mods := loadModules("/modules", skip)
+	var diskErr error
+	diskDone := make(chan struct{})
+	go func() {
+		defer close(diskDone)
+		if !flags["virtx.disk"] {
+			diskErr = mount("tmpfs", diskDir, "tmpfs", 0, "mode=0755")
+			return
+		}
+		if diskErr = mods.wait("virtio_mmio.ko"); diskErr != nil {
+			return
+		}
+		if diskErr = mods.wait("virtio_blk.ko"); diskErr != nil {
+			return
+		}
+		// noinit_itable: the disk is a fresh sparse file, so its inode tables already
+		// read as zeros; the kernel need not spend the guest's CPU zeroing them behind
+		// a session.
+		diskErr = retry(5*time.Second, func() error { return mount("/dev/vda", diskDir, "ext4", unix.MS_NOATIME, "noinit_itable") })
+		if diskErr != nil {
+			diskErr = fmt.Errorf("the session disk: %w", diskErr)
+		}
+		debugf("disk mounted")
+	}()
+	for _, m := range []string{"virtio_mmio.ko", "virtiofs.ko"} {
+		if err := mods.wait(m); err != nil {
+			return nil, "", boot("%v", err)
+		}
+	}
 	if err := retry(5*time.Second, func() error { return mount(ShareTag, hostDir, "virtiofs", 0, "") }); err != nil {
 		return nil, "", boot("the host's share: %v", err)
 	}
-	debugf("raw, err := os.ReadFile(filepa")
+	debugf("share mounted")
 	raw, err := os.ReadFile(filepath.Join(hostDir, ShareConfig))
 	if err != nil {
 		return nil, "", boot("%v", err)
@@ -138,16 +179,26 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 	if cfg.Hostname != "" {
 		_ = unix.Sethostname([]byte(cfg.Hostname))
 	}
-	debugf("if cfg.Disk {")
-	// noinit_itable: the disk is a fresh sparse file, so its inode tables already read
-	// as zeros; the kernel need not spend the guest's CPU zeroing them behind a session.
-	if cfg.Disk {
-		if err := retry(5*time.Second, func() error { return mount("/dev/vda", diskDir, "ext4", unix.MS_NOATIME, "noinit_itable") }); err != nil {
-			return cfg, "", boot("the session disk: %v", err)
+	// The network is the kernel's, not the root's: it is set up meanwhile.
+	netDone := make(chan error, 1)
+	go func() {
+		if cfg.Network {
+			if err := mods.wait("virtio_net.ko"); err != nil {
+				netDone <- err
+				return
+			}
 		}
-	} else if err := mount("tmpfs", diskDir, "tmpfs", 0, "mode=0755"); err != nil {
+		netDone <- network(cfg)
+		debugf("network up")
+	}()
+	<-diskDone
+	if diskErr != nil {
+		return cfg, "", boot("%v", diskErr)
+	}
+	if err := mods.waitAll(); err != nil {
 		return cfg, "", boot("%v", err)
 	}
+	debugf("modules loaded")
 	upper, work := filepath.Join(diskDir, "upper"), filepath.Join(diskDir, "work")
 	fresh := false
 	if _, err := os.Stat(upper); errors.Is(err, os.ErrNotExist) {
@@ -219,8 +270,7 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 			return cfg, "", boot("the image's working directory %s: %v", w, err)
 		}
 	}
-	debugf("if err := network(cfg)")
-	if err := network(cfg); err != nil {
+	if err := <-netDone; err != nil {
 		return cfg, "", boot("network: %v", err)
 	}
 	// Keep the upper reachable after the switch: an O_PATH fd, read through /proc.
@@ -360,19 +410,62 @@ func switchRoot() error {
 	return unix.Chdir("/")
 }
 
-// loadModules loads dir's modules as its order.txt lists them: a line is a module's
-// file and the files of the modules it depends on. Each module is loaded as soon as
-// its dependencies are, several at once (a guest has more than one vCPU, and under
-// TCG loading a module is mostly CPU).
-func loadModules(dir string) error {
+// netModules are the modules only a guest with a NIC needs.
+var netModules = []string{"virtio_net.ko", "net_failover.ko", "failover.ko"}
+
+// modules is the loading of the initramfs's modules, in the background.
+type modules struct {
+	mods map[string]*module // by file name; made before any loading starts
+	err  error              // reading order.txt
+}
+
+type module struct {
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+// wait waits for the module in file name (and what it needs) to be loaded; a module the
+// initramfs lacks (a kernel with it built in) is not waited for.
+func (m *modules) wait(name string) error {
+	if m.err != nil {
+		return m.err
+	}
+	md, ok := m.mods[name]
+	if !ok {
+		return nil
+	}
+	<-md.done
+	return md.err
+}
+
+// waitAll waits for every module and answers the first failure.
+func (m *modules) waitAll() error {
+	if m.err != nil {
+		return m.err
+	}
+	var first error
+	for name := range m.mods {
+		if err := m.wait(name); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// loadModules starts loading dir's modules as its order.txt lists them (a line is a
+// module's file and the files of the modules it depends on), but those in skip. Each
+// module is loaded as soon as its dependencies are, several at once (a guest has more
+// than one vCPU, and under TCG loading a module is mostly CPU).
+func loadModules(dir string, skip map[string]bool) *modules {
+	m := &modules{mods: map[string]*module{}}
 	order, err := os.ReadFile(filepath.Join(dir, "order.txt"))
 	if errors.Is(err, os.ErrNotExist) {
-		return nil // a kernel with everything built in
+		return m // a kernel with everything built in
 	}
 	if err != nil {
-		return err
+		m.err = err
+		return m
 	}
-	done := map[string]chan struct{}{}
 	type mod struct {
 		file string
 		deps []string
@@ -380,32 +473,29 @@ func loadModules(dir string) error {
 	var mods []mod
 	for _, line := range strings.Split(string(order), "\n") {
 		f := strings.Fields(line)
-		if len(f) == 0 {
+		if len(f) == 0 || skip[f[0]] {
 			continue
 		}
 		mods = append(mods, mod{f[0], f[1:]})
-		done[f[0]] = make(chan struct{})
+		m.mods[f[0]] = &module{done: make(chan struct{})}
 	}
-	errs := make(chan error, len(mods))
-	for _, m := range mods {
+	for _, md := range mods {
 		go func() {
-			for _, d := range m.deps {
-				if ch, ok := done[d]; ok {
-					<-ch
+			var err error
+			for _, d := range md.deps {
+				if derr := m.wait(d); derr != nil && err == nil {
+					err = fmt.Errorf("%s needs %s: %w", md.file, d, derr)
 				}
 			}
-			err := finitModule(filepath.Join(dir, m.file))
-			close(done[m.file])
-			errs <- err
+			if err == nil {
+				err = finitModule(filepath.Join(dir, md.file))
+			}
+			st := m.mods[md.file]
+			st.err = err
+			close(st.done)
 		}()
 	}
-	var first error
-	for range mods {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	return first
+	return m
 }
 
 // finitModule loads one module; one already there is fine.

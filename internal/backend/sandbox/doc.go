@@ -196,8 +196,15 @@
 //     The session's upper filesystem is a tmpfs: what a session writes there is memory
 //     charged to this group, so writes count against memory_mib as well as disk_gib
 //     (ask for memory_mib ≥ what the session keeps in memory plus what it writes). Past
-//     the limit the kernel's OOM killer kills one process of the session (exec answers
-//     137); the session goes on.
+//     the limit the kernel's OOM killer kills one process of the session, the one with
+//     the most memory (a memory bomb: exec answers 137); the session goes on. Files
+//     belong to no process, so when it is writes that fill memory_mib the process killed
+//     may be init itself (about 10 MiB resident, most of it the binary): that exec fails
+//     (BOOT_FAILED, the machine went away) and the server boots a new machine, with the
+//     session's files, on the next call. Init is not given oom_score_adj -1000: every
+//     command would inherit it (the executor starts them, and has no hook to reset it
+//     between fork and exec), and a memory bomb nobody may kill hangs in its page fault
+//     rather than dying.
 //   - vcpus is a CPU-time quota of that many CPUs and, where the cpuset controller is
 //     there, a cpuset of that many of the server's CPUs (spread over sessions), so nproc
 //     inside answers vcpus. More vcpus than the server may run on is UNSUPPORTED_MACHINE:

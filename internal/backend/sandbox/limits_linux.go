@@ -27,7 +27,7 @@ const (
 	DefaultVCPUs     = 2
 	DefaultMemoryMiB = 2048
 	// DefaultPids caps the tasks (processes and threads) of a session: a fork bomb stops
-	// there. The executor itself is about a dozen threads.
+	// there. The executor itself is about twenty threads (initThreads and the runtime's).
 	DefaultPids = 4096
 )
 
@@ -122,11 +122,10 @@ func shape(spec *backend.Spec) (machineShape, error) {
 		if !asked && os.Getenv(NoLimitsEnv) == "1" {
 			return machineShape{none: true, gpu: ms.gpu}, nil
 		}
-		why := "this session asks for no limits, and gets the default machine (2 vCPUs, 2048 MiB, 4096 tasks), which must be enforced too"
 		if asked {
-			why = "the session asks for vcpus or memory_mib"
+			return ms, fmt.Errorf("%w: vcpus and memory_mib are enforced with cgroups, and here they cannot be: %s", backend.ErrUnsupportedMachine, info.Reason)
 		}
-		return ms, fmt.Errorf("%w: a sandbox's machine shape is enforced with cgroups, and here they cannot be (%s); %s. Or set %s=1 in the server's environment to run sessions that ask for no limits without any", backend.ErrUnsupportedMachine, info.Reason, why, NoLimitsEnv)
+		return ms, fmt.Errorf("%w: a session that asks for no limits gets the default machine (%d vCPUs, %d MiB, %d tasks), which is enforced with cgroups, and here they cannot be: %s. Or set %s=1 in the server's environment to run sessions that ask for no limits without any", backend.ErrUnsupportedMachine, DefaultVCPUs, DefaultMemoryMiB, DefaultPids, info.Reason, NoLimitsEnv)
 	}
 	return ms, nil
 }
@@ -177,7 +176,8 @@ func newGroup(ms machineShape) (*cgroup.Group, error) {
 	return g, nil
 }
 
-// reapOnce removes, once per process, the groups a SIGKILLed server left.
+// reapDone: reapStaleGroups removes, once per process, the groups SIGKILLed servers left
+// (and starts this server's reaper ahead of its first group).
 var reapDone atomic.Bool
 
 func reapStaleGroups() {

@@ -396,9 +396,17 @@ func (b *Backend) qemuArgs(spec *backend.Spec, a *Assets, run, accel string, ima
 		mem = DefaultMemoryMiB
 	}
 	// initcall_blacklist: kprobe trace events and the SP800-108 KDF self-test cost
-	// ~150 ms of a TCG boot (initcall_debug) and no guest uses them.
+	// ~150 ms of a TCG boot (initcall_debug) and no guest uses them. mitigations=off:
+	// every process in the guest is the session's root, so the guest kernel guards
+	// nothing between them; the host's isolation is the hypervisor's, not these. lsm:
+	// AppArmor, TOMOYO and IMA/EVM have no policy in a guest and cost their init (~50 ms
+	// under TCG). virtx.disk and virtx.net tell /init what to wait for before it can
+	// read the config (internal/guest).
 	cmdline := "console=ttyS0 quiet panic=-1 rdinit=/init tsc=reliable no_timer_check cryptomgr.notests random.trust_cpu=on" +
-		" initcall_blacklist=init_kprobe_trace,crypto_kdf108_init"
+		" initcall_blacklist=init_kprobe_trace,crypto_kdf108_init mitigations=off lsm=landlock,yama,bpf virtx.disk"
+	if spec.Network {
+		cmdline += " virtx.net"
+	}
 	if os.Getenv("VIRTX_VM_DEBUG") != "" {
 		cmdline = strings.Replace(cmdline, " quiet", "", 1) + " virtx.debug"
 	}
@@ -406,7 +414,11 @@ func (b *Backend) qemuArgs(spec *backend.Spec, a *Assets, run, accel string, ima
 		cmdline += " " + extra
 	}
 	if khz := hostTSCkHz(); khz > 0 {
-		cmdline += " tsc_early_khz=" + strconv.Itoa(khz)
+		// lpj: the delay loop's calibration, which the boot CPU skips given the TSC's
+		// rate but every other vCPU repeats (~200 ms under TCG, and it fails there:
+		// "calibrate_delay_direct() failed"). loops per jiffy = TSC Hz / HZ, with
+		// Debian's HZ=250; a kernel built with another HZ only gets udelay scaled.
+		cmdline += " tsc_early_khz=" + strconv.Itoa(khz) + " lpj=" + strconv.Itoa(khz*1000/250)
 	}
 	cpu := "max"
 	if accel == "kvm" {

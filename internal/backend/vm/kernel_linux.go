@@ -39,6 +39,12 @@ type Kernel struct {
 	Modules []string // paths to .ko files, dependencies first
 	// ModuleDeps are, for each of Modules, the file names of the modules it needs.
 	ModuleDeps [][]string
+	// StripSignatures: the initramfs gets the modules without their signatures. True
+	// for the Debian kernel the cache provisions, which does not enforce them (no
+	// MODULE_SIG_FORCE, and a PVH boot has no Secure Boot lockdown): checking one is a
+	// SHA-512 of the whole module and an RSA verification, CPU a TCG guest pays at every
+	// boot for a module we copied from the package ourselves.
+	StripSignatures bool
 }
 
 // kernelLayout is the version of the cache's kernel layout; a change re-extracts.
@@ -69,7 +75,11 @@ func cachedKernel(cache string) (*Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	return readKernelDir(filepath.Join(kernelDir(cache), strings.TrimSpace(string(cur))))
+	k, err := readKernelDir(filepath.Join(kernelDir(cache), strings.TrimSpace(string(cur))))
+	if k != nil {
+		k.StripSignatures = true
+	}
+	return k, err
 }
 
 // readKernelDir reads an extracted kernel: vmlinux and modules/ with order.txt.
@@ -222,7 +232,29 @@ func fetchKernel(ctx context.Context, cache string, log func(string, ...any)) (*
 	if err := writeFileAtomic(filepath.Join(kernelDir(cache), "current"), []byte(version+"\n")); err != nil {
 		return nil, fmt.Errorf("%w: %v", backend.ErrBootFailed, err)
 	}
-	return readKernelDir(final)
+	k, err := readKernelDir(final)
+	if k != nil {
+		k.StripSignatures = true
+	}
+	return k, err
+}
+
+// moduleSigMagic ends a signed module: the signature, then struct module_signature
+// (12 bytes, the signature's length big-endian in the last 4), then this.
+const moduleSigMagic = "~Module signature appended~\n"
+
+// stripSignature answers a module without its appended signature (b itself when it
+// has none).
+func stripSignature(b []byte) []byte {
+	if !bytes.HasSuffix(b, []byte(moduleSigMagic)) || len(b) < len(moduleSigMagic)+12 {
+		return b
+	}
+	end := len(b) - len(moduleSigMagic)
+	n := int(binary.BigEndian.Uint32(b[end-4 : end]))
+	if n <= 0 || end-12-n < 0 {
+		return b
+	}
+	return b[:end-12-n]
 }
 
 // kernelImagePackage resolves the metapackage to the versioned kernel package it depends on.

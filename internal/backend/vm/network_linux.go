@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -33,10 +35,16 @@ const (
 
 // networkAvailable says whether network:true sessions can be made here.
 func networkAvailable() error {
-	if _, err := exec.LookPath("slirp4netns"); err != nil {
-		return fmt.Errorf("%w: network true: the vm backend gives a guest outbound network through slirp4netns, which is not installed: run `apt-get install slirp4netns`, or init with network false", backend.ErrUnsupportedNetwork)
+	if _, err := exec.LookPath("slirp4netns"); err == nil {
+		return nil
 	}
-	return nil
+	// Where Debian installs it, as internal/network looks (a bare PATH still finds it).
+	for _, dir := range []string{"/usr/bin", "/usr/local/bin", "/bin"} {
+		if fi, err := os.Stat(filepath.Join(dir, "slirp4netns")); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: network true: the vm backend gives a guest outbound network through slirp4netns, which is not installed: run `apt-get install slirp4netns`, or init with network false", backend.ErrUnsupportedNetwork)
 }
 
 // startNetwork connects the network namespace of QEMU (pid) to the outside: slirp4netns

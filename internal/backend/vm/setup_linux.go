@@ -24,6 +24,11 @@ func Setup(ctx context.Context, cache string, w io.Writer) error {
 	}
 	fmt.Fprintf(w, "qemu       %s\nvirtiofsd  %s\nkernel     %s (%s)\nmodules    %d\ninitramfs  %s\n",
 		a.QEMU, a.Virtiofsd, a.Kernel.Vmlinux, a.Kernel.Version, len(a.Kernel.Modules), a.Initramfs)
+	if err := networkAvailable(); err != nil {
+		fmt.Fprintf(w, "network    none for network:true sessions (%v)\n", err)
+	} else {
+		fmt.Fprintln(w, "network    slirp4netns")
+	}
 	if err := KVMUsable(cache); err != nil {
 		fmt.Fprintf(w, "accel      tcg (%v)\n", err)
 	} else {

@@ -323,3 +323,16 @@ func imageRefusal() error {
 	}
 	return backend.ErrUnsupportedImage
 }
+
+func TestStripSignature(t *testing.T) {
+	body := []byte("\x7fELF module body")
+	sig := bytes.Repeat([]byte{0xAB}, 681)
+	trailer := []byte{0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0x02, 0xA9} // sig_len 681 big-endian
+	signed := append(append(append(append([]byte(nil), body...), sig...), trailer...), moduleSigMagic...)
+	if got := stripSignature(signed); !bytes.Equal(got, body) {
+		t.Fatalf("stripped to %q", got)
+	}
+	if got := stripSignature(body); !bytes.Equal(got, body) {
+		t.Fatalf("an unsigned module changed: %q", got)
+	}
+}
