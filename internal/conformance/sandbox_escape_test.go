@@ -2,7 +2,6 @@ package conformance
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -164,22 +163,7 @@ func TestSandboxEscape(t *testing.T) {
 	})
 
 	t.Run("host loopback unreachable", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				c.Write([]byte("host service\n"))
-				c.Close()
-			}
-		}()
-		port := ln.Addr().(*net.TCPAddr).Port
+		port, _ := hostService(t, "host service\n")
 		probe := fmt.Sprintf("import socket; s=socket.create_connection(('127.0.0.1', %d), timeout=2); print(s.recv(64))", port)
 		for _, network := range []bool{false, true} {
 			p := startPeer(t, "sandbox")

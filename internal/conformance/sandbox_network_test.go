@@ -22,22 +22,7 @@ func TestSandboxNetwork(t *testing.T) {
 	requirePrereq(t, errSlirp == nil || errPasta == nil, "a user-space network stack", "Debian: slirp4netns or passt")
 	t.Setenv("VIRTX_HOME", t.TempDir())
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("host service\n"))
-			c.Close()
-		}
-	}()
-	port := ln.Addr().(*net.TCPAddr).Port
+	port, _ := hostService(t, "host service\n")
 	probe := func(host string) string {
 		return fmt.Sprintf("import socket; s=socket.create_connection((%q, %d), timeout=2); print(s.recv(64))", host, port)
 	}

@@ -2,13 +2,11 @@ package conformance
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,24 +90,7 @@ func TestVMIsolation(t *testing.T) {
 	})
 
 	t.Run("host-loopback-unreachable", func(t *testing.T) {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		var accepted atomic.Int32
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				accepted.Add(1)
-				c.Write([]byte("host-secret\n"))
-				c.Close()
-			}
-		}()
-		port := ln.Addr().(*net.TCPAddr).Port
+		port, accepted := hostService(t, "host-secret\n")
 		p := startPeer(t, "vm")
 		p.init(&protocol.InitParams{Network: boolp(true)})
 		if got := p.sh("ls /sys/class/net | tr '\\n' ' '"); !strings.Contains(got, "eth0") {
