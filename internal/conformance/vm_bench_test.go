@@ -44,29 +44,22 @@ func BenchmarkVMColdSession(b *testing.B) {
 
 // BenchmarkVMExecTrue: the warm round trip of one exec.
 func BenchmarkVMExecTrue(b *testing.B) {
-	requireVM(b)
-	p := startPeer(b, "vm")
-	p.exec("true")
-	params := &protocol.ExecParams{Cmd: []string{"/bin/true"}}
-	var samples []time.Duration
-	for b.Loop() {
-		start := time.Now()
-		if m := p.call(protocol.MethodExec, params); m.Err != nil {
-			b.Fatal(m.Err)
-		}
-		samples = append(samples, time.Since(start))
-	}
-	b.ReportMetric(float64(median(samples).Microseconds()), "µs-median/exec")
+	benchVMExec(b, "/bin/true")
 }
 
 // BenchmarkVMExecPwd: the round trip of an exec the executor answers itself (pwd runs
 // no process): the protocol, the relay and the virtio-serial channel, without a fork
 // and exec inside the guest (which dominates BenchmarkVMExecTrue under TCG).
 func BenchmarkVMExecPwd(b *testing.B) {
+	benchVMExec(b, "pwd")
+}
+
+// benchVMExec times warm execs of argv on one booted vm session (medians reported).
+func benchVMExec(b *testing.B, argv ...string) {
 	requireVM(b)
 	p := startPeer(b, "vm")
 	p.exec("true")
-	params := &protocol.ExecParams{Cmd: []string{"pwd"}}
+	params := &protocol.ExecParams{Cmd: argv}
 	var samples []time.Duration
 	for b.Loop() {
 		start := time.Now()
