@@ -305,3 +305,17 @@ func (p *peer) pwd() string {
 	p.t.Helper()
 	return trimNL(string(p.exec("pwd").Stdout))
 }
+
+// coldSession times one cold session on a backend: spawn `virtx serve`, init with params,
+// first exec answered. The server's exit (after quit) is not timed.
+func coldSession(b testing.TB, backend string, params *protocol.InitParams) time.Duration {
+	b.Helper()
+	start := time.Now()
+	p := startPeer(b, backend)
+	p.init(params)
+	p.exec("true")
+	d := time.Since(start)
+	p.stdin.Close()
+	<-p.done
+	return d
+}

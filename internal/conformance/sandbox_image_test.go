@@ -470,16 +470,7 @@ func BenchmarkSandboxColdSessionImage(b *testing.B) {
 	host := startPeer(b, "sandbox")
 	host.exec("true")
 	// Alternated, so both see the same load on a shared host.
-	cold := func(params *protocol.InitParams) time.Duration {
-		start := time.Now()
-		p := startPeer(b, "sandbox")
-		p.init(params)
-		p.exec("true")
-		d := time.Since(start)
-		p.stdin.Close()
-		<-p.done
-		return d
-	}
+	cold := func(params *protocol.InitParams) time.Duration { return coldSession(b, "sandbox", params) }
 	var onImage, onHost time.Duration
 	n := 0
 	for b.Loop() {

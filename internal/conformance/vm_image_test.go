@@ -141,16 +141,7 @@ func BenchmarkVMColdSessionImage(b *testing.B) {
 	warm := startPeer(b, "vm")
 	warm.init(&protocol.InitParams{Image: refImage(ref), Network: boolp(false)})
 	warm.exec("true")
-	cold := func(params *protocol.InitParams) time.Duration {
-		start := time.Now()
-		p := startPeer(b, "vm")
-		p.init(params)
-		p.exec("true")
-		d := time.Since(start)
-		p.stdin.Close()
-		<-p.done
-		return d
-	}
+	cold := func(params *protocol.InitParams) time.Duration { return coldSession(b, "vm", params) }
 	var onImage, onHost []time.Duration
 	for b.Loop() {
 		onImage = append(onImage, cold(&protocol.InitParams{Image: refImage(ref), Network: boolp(false)}))
