@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -309,5 +310,25 @@ func TestSandboxSessionsLeaveNoCgroup(t *testing.T) {
 		if m, _ := filepath.Glob(pat); len(m) > 0 {
 			t.Errorf("left behind: %v", m)
 		}
+	}
+}
+
+// TestSandboxRealTimeServer: a server run under a real-time policy (chrt) still boots
+// sandboxes, and their commands run under the normal policy: a session never inherits
+// the server's priority (it could starve the host, and on a v1 host with RT group
+// scheduling a real-time task cannot join the session's cpu cgroup at all).
+func TestSandboxRealTimeServer(t *testing.T) {
+	requireSandbox(t)
+	requireLimits(t)
+	if os.Geteuid() != 0 {
+		t.Skip("setting a real-time policy needs root")
+	}
+	out, err := exec.Command("chrt", "-f", "10", virtxBin, "run", "--backend", "sandbox", "--network=false", "--",
+		"sh", "-c", "cat /proc/self/sched | grep '^policy'").CombinedOutput()
+	if err != nil {
+		t.Fatalf("under chrt -f 10: %v: %s", err, out)
+	}
+	if f := strings.Fields(string(out)); len(f) != 3 || f[2] != "0" {
+		t.Fatalf("the session's policy: %q, want 0 (SCHED_NORMAL)", out)
 	}
 }

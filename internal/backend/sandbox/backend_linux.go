@@ -196,12 +196,13 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 	t1 := time.Now()
 	m := b.takeSpareFor(spec.Network)
 	if m == nil {
-		if m, err = b.spawn(); err != nil {
+		if m, err = b.spawnIn(ms); err != nil {
 			return nil, err
 		}
 	}
-	// Before init is told to go: its cgroup (every process it starts is born inside) and
-	// its network (the first command finds it up, and resolv.conf naming its resolver).
+	// Before init is told to go: its cgroup, if the init spawned ahead is not in one of
+	// this shape (everything it starts is born inside), and its network (the first command
+	// finds it up, and resolv.conf naming its resolver).
 	t2 := time.Now()
 	if err := m.confine(ctx, ms, spec.Network, &cfg); err != nil {
 		m.Shutdown(ctx)
@@ -236,12 +237,36 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 	return m, nil
 }
 
+// spawnIn makes the cgroup of machine shape ms (none when ms.none) and spawns an init
+// born inside it.
+func (b *Backend) spawnIn(ms machineShape) (*machine, error) {
+	g, err := newGroup(ms)
+	if err != nil {
+		return nil, err
+	}
+	m, err := b.spawn(g)
+	if err != nil {
+		if g != nil {
+			if derr := g.Destroy(); derr != nil {
+				slog.Warn("sandbox: removing the cgroup of an init that did not start", "err", derr)
+			}
+		}
+		return nil, err
+	}
+	if g != nil {
+		m.group, m.limits = g, ms.limits
+	}
+	return m, nil
+}
+
 // spawn starts a sandbox's init in new namespaces: PID 1 of a new PID namespace, with a
 // mount, UTS, IPC, cgroup and network namespace of its own, and a user namespace mapping
 // root to the server's user when the server is not root. It dies with the server (a
 // parent-death signal, and a killed PID 1 takes its namespace with it). Init waits for
-// its boot on fd 3, so one spawned early serves whatever boot comes.
-func (b *Backend) spawn() (*machine, error) {
+// its boot on fd 3, so one spawned early serves whatever boot comes. With g, init is born
+// in that cgroup (cgroup.Group.StartProcess): it never runs outside it, and it is never
+// moved between cgroups (a move waits for an RCU grace period).
+func (b *Backend) spawn(g *cgroup.Group) (*machine, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w: socketpair: %v", backend.ErrBootFailed, err)
@@ -272,17 +297,37 @@ func (b *Backend) spawn() (*machine, error) {
 		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}}
 		attr.GidMappingsEnableSetgroups = false
 	}
-	cmd := &exec.Cmd{
-		Path: b.exe,
-		Args: []string{"virtx", InitCommand},
-		Env:  []string{"VIRTX_LOG=" + os.Getenv("VIRTX_LOG")},
-		Dir:  "/",
-		// init's logs join the server's; stdout is the protocol's, never init's.
-		Stderr:      os.Stderr,
-		ExtraFiles:  []*os.File{theirs, theirDial}, // fds 3 and 4
-		SysProcAttr: attr,
+	var cmd *exec.Cmd
+	start := func(attr *syscall.SysProcAttr) (int, error) {
+		cmd = &exec.Cmd{
+			Path: b.exe,
+			Args: []string{"virtx", InitCommand},
+			Env:  []string{"VIRTX_LOG=" + os.Getenv("VIRTX_LOG")},
+			Dir:  "/",
+			// init's logs join the server's; stdout is the protocol's, never init's.
+			Stderr:      os.Stderr,
+			ExtraFiles:  []*os.File{theirs, theirDial}, // fds 3 and 4
+			SysProcAttr: attr,
+		}
+		if err := cmd.Start(); err != nil {
+			return 0, err
+		}
+		return cmd.Process.Pid, nil
 	}
-	if err := startOnForkThread(cmd); err != nil {
+	err = onForkThread(func() error {
+		if g == nil {
+			_, err := start(attr)
+			return err
+		}
+		_, err := g.StartProcess(attr, start)
+		return err
+	})
+	if err != nil {
+		if cmd != nil && cmd.Process != nil {
+			// Started, but not in its cgroup: killed already (StartProcess), reaped here.
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
 		conn.Close()
 		dial.Close()
 		return nil, fmt.Errorf("%w: starting the sandbox's init (%s): %v", backend.ErrBootFailed, b.exe, err)
@@ -355,24 +400,35 @@ func (m *machine) boot(ctx context.Context, cfg *bootConfig, snapshot []byte, up
 // The parent-death signal is sent when the *thread* that forked a process ends, and the
 // Go runtime ends a thread whose goroutine exits while locked to it. Every sandbox is
 // therefore started from one goroutine locked to its thread for the life of the process,
-// so no sandbox is killed because an unrelated thread went away.
+// so no sandbox is killed because an unrelated thread went away. (That thread also visits
+// each session's v1 cgroups for the moment it forks the session's init: see
+// cgroup.Group.StartProcess.)
 var (
 	forkOnce sync.Once
 	forkReqs chan func()
 )
 
-func startOnForkThread(cmd *exec.Cmd) error {
+// onForkThread runs f, which starts a process, on the fork thread.
+func onForkThread(f func() error) error {
 	forkOnce.Do(func() {
 		forkReqs = make(chan func())
 		go func() {
 			runtime.LockOSThread() // never unlocked
+			// Sessions never inherit a real-time policy from a server run under one (chrt):
+			// a sandbox at SCHED_FIFO could starve the host, and on a v1 host with RT group
+			// scheduling a real-time task cannot even join a cpu cgroup (rt_runtime_us 0).
+			if a, err := unix.SchedGetAttr(0, 0); err == nil && (a.Policy == unix.SCHED_FIFO || a.Policy == unix.SCHED_RR) {
+				if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL}, 0); err != nil {
+					slog.Warn("sandbox: the fork thread keeps the server's real-time policy", "err", err)
+				}
+			}
 			for f := range forkReqs {
 				f()
 			}
 		}()
 	})
 	done := make(chan error, 1)
-	forkReqs <- func() { done <- cmd.Start() }
+	forkReqs <- func() { done <- f() }
 	return <-done
 }
 
@@ -414,11 +470,22 @@ func (b *Backend) prespawn() {
 	b.netHint = make(chan bool, 1)
 	b.imgEarly = make(chan imageReady, 1)
 	go func() {
-		m, err := b.spawn()
+		// Its cgroup, as a session that says nothing gets it, first: init is born inside.
+		// Failing that, init is spawned without, and Boot makes the group or refuses.
+		t0 := time.Now()
+		g, lim := b.preGroup()
+		t1 := time.Now()
+		m, err := b.spawn(g)
+		b.log.Debug("init spawned ahead", "cgroup", t1.Sub(t0), "spawn", time.Since(t1), "err", err)
 		if err != nil {
-			b.log.Debug("spawning init ahead", "err", err)
+			if g != nil {
+				g.Destroy()
+			}
 		} else {
-			// Its cgroup and network, as a session that says nothing gets them.
+			if g != nil {
+				m.group, m.limits = g, lim
+			}
+			// Its network, once the first init says it wants one.
 			m.ready = make(chan struct{})
 			ctx, cancel := context.WithCancel(context.Background())
 			m.cancelPre = cancel
@@ -483,7 +550,7 @@ type machine struct {
 	netDone   chan struct{} // closed when a network start in the background has ended (startNet)
 	netErr    error         // why it failed
 	cancelNet func()        // cancels it
-	added     chan struct{} // closed when init has joined group (join)
+	added     chan struct{} // closed when init, spawned ahead, has moved to group (join)
 	addErr    error
 	ready     chan struct{} // closed when preconfine is done (an init spawned ahead)
 	cancelPre func()        // cancels preconfine's network start

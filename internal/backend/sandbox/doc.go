@@ -184,13 +184,19 @@
 // # Machine shape
 //
 // A session's machine is a cgroup (internal/linux/cgroup, v1 or v2), made for each boot
-// (or ahead, with the init WithPrespawn starts) and joined by init before it runs
-// anything — so everything a command starts, however it daemonises, is born inside — and
-// destroyed (everything in it killed) when the sandbox shuts down. Joining is a cgroup
-// migration, which waits for an RCU grace period in each hierarchy (milliseconds on a v1
-// host); it goes on while init builds its root filesystem, and Boot waits for it before
-// it returns — and before the boot when an init snapshot is to be written, so that its
-// pages are charged to the session:
+// before its init is spawned (or ahead, with the init WithPrespawn starts, for the default
+// machine), and init is born inside it (cgroup.Group.StartProcess: the thread that forks
+// init steps into the group's v1 hierarchies for the fork, and clone3 CLONE_INTO_CGROUP
+// places init in the v2 one) — so init, and everything a command starts, however it
+// daemonises, never runs outside it — and destroyed (everything in it killed) when the
+// sandbox shuts down. Moving a process into a cgroup instead waits for an RCU grace period
+// (5–9 ms on this project's CI machine), and is not done: when a session asks for another
+// machine than the default one, the init spawned ahead (born in a group made for the
+// default machine, and which has started nothing yet) keeps its group, whose limits are
+// rewritten. Only should that fail is init moved to a new group: the move goes on while
+// init builds its root filesystem, and Boot waits for it before it returns — and before
+// the boot when an init snapshot is to be written, so that its pages are charged to the
+// session:
 //
 //   - memory_mib is the group's memory limit, swap included where the kernel accounts it.
 //     The session's upper filesystem is a tmpfs: what a session writes there is memory

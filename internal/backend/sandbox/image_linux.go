@@ -152,7 +152,8 @@ func (b *Backend) RunStep(ctx context.Context, lowers []string, env []string, wo
 	}
 	disk, _ := diskBytes(&backend.Spec{})
 	cfg := bootConfig{Overlays: imageOverlays(lowers), Env: imageEnv(env), NewUpper: disk, Workdir: workdir}
-	m, err := b.spawn()
+	// A cgroup without limits, to find and kill what the step leaves running.
+	m, err := b.spawnIn(machineShape{})
 	if err != nil {
 		return nil, err
 	}

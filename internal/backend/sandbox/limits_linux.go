@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,8 +160,9 @@ func gpuDevices() ([]string, error) {
 // groupSeq names each session's group uniquely within this server.
 var groupSeq atomic.Uint64
 
-// newGroup makes the cgroup a booted sandbox's init is put in. A failure that means the
-// limits cannot be enforced is UNSUPPORTED_MACHINE with the cgroup package's fix.
+// newGroup makes the cgroup a booted sandbox's init is put in (once this server's reaper
+// runs). A failure that means the limits cannot be enforced is UNSUPPORTED_MACHINE with the
+// cgroup package's fix.
 func newGroup(ms machineShape) (*cgroup.Group, error) {
 	if ms.none {
 		return nil, nil
@@ -387,14 +389,25 @@ func startReaper() {
 }
 
 // confine puts a spawned init, before its boot, in the session's cgroup (so everything it
-// starts is born inside and limited) and sees to its network. An init spawned ahead may
-// have a group already (preconfine): one of another shape is replaced (init moved to the
-// new one first). For network false a helper started ahead is stopped (its tap device
-// goes with it) and init checks that lo is all it has. For network true the helper is
-// started, or left starting, in the background: the boot goes on beside it with a
-// resolv.conf of its own, which netUp fills in once the helper is up, before the
-// session runs anything.
+// starts is born inside and limited) and sees to its network. An init is born in a group
+// of the session's shape (spawnIn), except the one spawned ahead (prespawn), born in the
+// default machine's: for another shape that group is given the shape's limits
+// (cgroup.Group.SetLimits); should that fail, a new group replaces it (init moved to the
+// new one first, join), as one does when none could be made ahead. For network false a
+// helper started ahead is stopped (its tap device goes with it) and init checks that lo
+// is all it has. For network true the helper is started, or left starting, in the
+// background: the boot goes on beside it with a resolv.conf of its own, which netUp fills
+// in once the helper is up, before the session runs anything.
 func (m *machine) confine(ctx context.Context, ms machineShape, network bool, cfg *bootConfig) error {
+	if !ms.none && m.group != nil && !sameShape(m.limits, ms.limits) {
+		// The group init was born in, made ahead, takes this shape's limits in place: init
+		// has started nothing yet.
+		if err := m.group.SetLimits(ms.limits); err != nil {
+			slog.Debug("sandbox: reshaping the cgroup made ahead; making a new one", "err", err)
+		} else {
+			m.limits = ms.limits
+		}
+	}
 	if !ms.none && (m.group == nil || !sameShape(m.limits, ms.limits)) {
 		old := m.group
 		m.group = nil
@@ -504,31 +517,37 @@ func (m *machine) netUp(ctx context.Context) error {
 	return nil
 }
 
-// preconfine does confine's work ahead, for an init spawned before any session asked
-// (WithPrespawn): the group of the default machine, and the network helper once the
-// first init says it wants one (hint). Whatever fails here is left for Boot to do, or
-// to refuse.
+// preGroup makes, for an init spawned before any session asked (WithPrespawn), the group
+// of the default machine — what a session that says nothing gets — for init to be born
+// in. Whatever fails here (nil) is left for Boot to do, or to refuse.
+func (b *Backend) preGroup() (*cgroup.Group, cgroup.Limits) {
+	ms, err := shape(&backend.Spec{})
+	if err != nil || ms.none {
+		return nil, cgroup.Limits{}
+	}
+	g, err := newGroup(ms)
+	if err != nil {
+		b.log.Debug("making the cgroup of the init spawned ahead", "err", err)
+		return nil, cgroup.Limits{}
+	}
+	return g, ms.limits
+}
+
+// preconfine does confine's network work ahead, for an init spawned before any session
+// asked (WithPrespawn): the network helper, once the first init says it wants one (hint).
+// Whatever fails here is left for Boot to do, or to refuse.
 func (m *machine) preconfine(ctx context.Context, hint <-chan bool) {
 	if networkAvailable() == nil {
 		m.startNet(ctx, hint)
 	}
-	ms, err := shape(&backend.Spec{})
-	if err != nil || ms.none {
-		return
-	}
-	g, err := newGroup(ms)
-	if err != nil || g == nil {
-		return
-	}
-	m.group, m.limits = g, ms.limits
-	m.join(g)
 }
 
-// join moves init into g in the background: a migration between cgroups waits for an
-// RCU grace period in each hierarchy (v1 has five), milliseconds that need not come
-// before init builds its root filesystem — only before it runs anything (joined, which
-// Boot waits for before the boot when an init snapshot is to be written, whose pages
-// must be charged to the session, and before it returns).
+// join moves an init spawned ahead into g, a group of another shape than the one it was
+// born in, in the background: moving a process between cgroups waits for an RCU grace
+// period (see the cgroup package), milliseconds that need not come before init builds
+// its root filesystem — only before it runs anything (joined, which Boot waits for
+// before the boot when an init snapshot is to be written, whose pages must be charged to
+// the session, and before it returns). init has not forked yet: it waits for its boot.
 func (m *machine) join(g *cgroup.Group) {
 	done := make(chan struct{})
 	m.added = done

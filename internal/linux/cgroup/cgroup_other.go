@@ -5,6 +5,7 @@ package cgroup
 import (
 	"fmt"
 	"runtime"
+	"syscall"
 )
 
 var errUnsupported = fmt.Errorf("%w: cgroups are unsupported on %s", ErrCannotEnforce, runtime.GOOS)
@@ -29,3 +30,8 @@ func (g *Group) Kill() error              { return errUnsupported }
 func (g *Group) Destroy() error           { return nil }
 func (g *Group) OOMKills() (int64, error) { return 0, errUnsupported }
 func (g *Group) Path() string             { return "" }
+
+// StartProcess fails: cgroups are Linux-only.
+func (g *Group) StartProcess(attr *syscall.SysProcAttr, start func(attr *syscall.SysProcAttr) (pid int, err error)) (int, error) {
+	return 0, errUnsupported
+}

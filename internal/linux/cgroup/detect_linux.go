@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -47,6 +48,9 @@ type system struct {
 	sigkill func(pid int, check func(pid int) bool) error
 
 	noCgroupKill bool // tests: act as a kernel before 5.14, which has no cgroup.kill
+	// noCloneInto: the kernel refused CLONE_INTO_CGROUP once (StartProcess); processes
+	// are moved into their v2 group after they start. Tests set it to act as such a kernel.
+	noCloneInto atomic.Bool
 
 	layoutOnce sync.Once
 	lay        layout // detect's answer, made once: a delegated process moves to a leaf later
@@ -94,6 +98,10 @@ type layout struct {
 	// v1 maps each usable v1 controller to its hierarchy's mount point (co-mounted
 	// controllers share one). Empty unless Version is 1.
 	v1 map[string]string
+	// v1Root maps each of those mount points to the cgroup mounted there (the mount's root,
+	// "/" unless a subtree was mounted), to find a thread's own cgroup directories from
+	// /proc/thread-self/cgroup.
+	v1Root map[string]string
 	// v2 is the directory under which the virtx parent sits in the unified hierarchy ("":
 	// none usable). With Version 2 it holds the limits; on a hybrid host (Version 1) it only
 	// tracks and kills the group's processes (cgroup.kill, cgroup.events).
@@ -116,22 +124,7 @@ func (s *system) readMounts() ([]mount, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cgroup: read own cgroups: %w", err)
 	}
-	// /proc/self/cgroup: "ID:CONTROLLERS:PATH"; ID 0 with no controllers is v2.
-	v1Self := map[string]string{}
-	v2Self := ""
-	for _, line := range strings.Split(string(self), "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		if f[0] == "0" && f[1] == "" {
-			v2Self = f[2]
-			continue
-		}
-		for _, c := range strings.Split(f[1], ",") {
-			v1Self[c] = f[2]
-		}
-	}
+	v1Self, v2Self := parseProcCgroup(self)
 	var ms []mount
 	sc := bufio.NewScanner(bytes.NewReader(mi))
 	sc.Buffer(nil, 1<<20)
@@ -164,6 +157,27 @@ func (s *system) readMounts() ([]mount, error) {
 		ms = append(ms, m)
 	}
 	return ms, sc.Err()
+}
+
+// parseProcCgroup parses a /proc/PID/cgroup (or /proc/thread-self/cgroup) file: lines
+// "ID:CONTROLLERS:PATH", where ID 0 with no controllers is v2. v1 maps each v1 controller
+// to the path of the cgroup in its hierarchy.
+func parseProcCgroup(b []byte) (v1 map[string]string, v2 string) {
+	v1 = map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		if f[0] == "0" && f[1] == "" {
+			v2 = f[2]
+			continue
+		}
+		for _, c := range strings.Split(f[1], ",") {
+			v1[c] = f[2]
+		}
+	}
+	return v1, v2
 }
 
 // isController reports whether a v1 super option is a controller name rather than a flag.
@@ -204,6 +218,7 @@ func (s *system) detect() layout {
 	}
 	var v2 *mount
 	v1 := map[string]string{}
+	v1root := map[string]string{}
 	v1ro := false
 	for i := range ms {
 		m := &ms[i]
@@ -216,6 +231,7 @@ func (s *system) detect() layout {
 		for _, c := range m.ctrls {
 			if _, seen := v1[c]; !seen && (slices.Contains(limitControllers, c) || c == "freezer") {
 				v1[c] = m.dir
+				v1root[m.dir] = m.root
 				v1ro = v1ro || m.ro
 			}
 		}
@@ -223,7 +239,9 @@ func (s *system) detect() layout {
 	limitsInV1 := v1["memory"] != "" || v1["pids"] != "" || v1["cpu"] != ""
 	switch {
 	case limitsInV1:
-		return s.detectV1(v1, v1ro, v2)
+		l := s.detectV1(v1, v1ro, v2)
+		l.v1Root = v1root
+		return l
 	case v2 != nil:
 		return s.detectV2(v2)
 	default:

@@ -65,7 +65,9 @@
 // (so a session's tmpfs upper directory counts against its memory). Past the limit the
 // kernel reclaims, then its OOM killer kills one process in the group with SIGKILL — one
 // process, not the group (memory.oom.group is left off, so a session survives a memory bomb
-// and answers the next command). OOMKills counts those kills.
+// and answers the next command). OOMKills counts those kills. SetLimits gives a group other
+// limits in place (what the new ones leave out is unlimited again), for a group made ahead
+// whose process has not started anything yet.
 //
 // # Killing
 //
@@ -77,6 +79,41 @@
 // freeze with, each pid is checked to still be in the group (through a pidfd and
 // /proc/PID/cgroup) before it is signalled. Zombies leave their group when they exit, so a
 // double-forked daemon whose parent never reaps it does not keep a group busy.
+//
+// # Starting a process inside a group
+//
+// Moving a process into a group (Add: its pid written to cgroup.procs) takes the kernel's
+// global cgroup_threadgroup_rwsem for writing, so that no thread of any process forks or
+// exits meanwhile. It is a per-CPU semaphore, cheap for its readers (every fork and exit on
+// the machine) and dear for a writer, which waits for an RCU grace period when no other
+// writer came in the last one: on this project's CI machine (2 CPUs, under load) the first
+// of a group's six writes took 5–9 ms, the five after it tens of microseconds, and writes
+// from parallel goroutines only queue on the same lock. (Mounting cgroupfs with
+// favordynmods skips the wait, at a cost to every fork.) StartProcess moves no process:
+//
+//   - v1: the calling thread, locked to its goroutine, moves itself alone into each of the
+//     group's v1 directories (0 written to tasks: a thread moving itself is the one move
+//     for which the kernel skips the global lock; tens to hundreds of microseconds for five
+//     hierarchies), forks — a child is born in the cgroups of the thread that forked it —
+//     and moves itself back to where /proc/thread-self/cgroup said it was (or, failing
+//     that, to the virtx parent), with its CPU affinity (a v1 cpuset resets it), before it
+//     is unlocked. The Go runtime never makes a thread from a locked one (its template
+//     thread does), so no other thread of the process is born inside. A thread that cannot
+//     leave stays locked and is logged: it ends with its goroutine (the main thread, which
+//     the runtime never ends, would stay) instead of running other goroutines in the group.
+//     While it is inside, the group's v1 cgroup.procs lists this process: Procs never
+//     counts it (a group never holds its own server), and Kill and Destroy wait for the
+//     start to end.
+//   - v2, and the unified tracking group of a hybrid host: clone3 with CLONE_INTO_CGROUP
+//     (Linux 5.7+) makes the process in the group's directory. A v2 thread cannot join a
+//     domain group alone, so where the kernel refuses clone3 or the flag (ENOSYS, E2BIG,
+//     EINVAL, or EPERM from a seccomp filter) the process is started without it and moved
+//     in, as Add would, before StartProcess returns; it must not fork before then.
+//
+// A process started so with a new cgroup namespace (CLONE_NEWCGROUP) has it rooted at the
+// group in every hierarchy the group uses (the kernel roots it at the new process's own
+// cgroups), so /proc/self/cgroup inside reads "/" there; moved in after it started, the
+// process would see paths outside its namespace ("/../virtx/…").
 //
 // # What is written here rather than taken from a library
 //

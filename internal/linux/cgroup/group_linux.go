@@ -256,8 +256,10 @@ func (g *Group) Path() string {
 }
 
 // Add moves process pid (all its threads) into the group, in every hierarchy the group
-// uses. Add a process before it forks (the sandbox adds its executor while it waits to be
-// told to go), so that no child is left behind in the hierarchies written before it forked.
+// uses. Add a process before it forks (one that waits to be told to go), so that no child is
+// left behind in the hierarchies written before it forked; better, start it inside with
+// StartProcess, which is also much faster (each move of a process waits for an RCU grace
+// period, see the package doc).
 func (g *Group) Add(pid int) error {
 	p := strconv.Itoa(pid)
 	for _, d := range g.dirs {
@@ -268,7 +270,10 @@ func (g *Group) Add(pid int) error {
 	return nil
 }
 
-// Procs lists every process in the group and in groups below it, sorted.
+// Procs lists every process in the group and in groups below it, sorted. This process is
+// never one of them: a thread of it is in the group only while it starts a process there
+// (StartProcess), and lists its process's pid in a v1 cgroup.procs meanwhile — never to be
+// killed with the group's.
 func (g *Group) Procs() ([]int, error) {
 	var all []int
 	for _, d := range g.dirs {
@@ -276,7 +281,11 @@ func (g *Group) Procs() ([]int, error) {
 		if err != nil && !errors.Is(err, unix.ENOENT) {
 			return nil, err
 		}
-		all = append(all, pids...)
+		for _, p := range pids {
+			if p != g.sys.self.pid {
+				all = append(all, p)
+			}
+		}
 	}
 	return dedupe(all), nil
 }
@@ -456,4 +465,34 @@ func (s *system) reapStale() (int, error) {
 		slog.Info("cgroup: removed a group left by a dead server", "group", name)
 	}
 	return removed, errors.Join(errs...)
+}
+
+// SetLimits makes the group enforce lim instead of what it was made with, as if it had been
+// made with lim. It is meant for a group whose processes have not started anything yet (the
+// sandbox's executor, born in a group made ahead for the default machine, when the session
+// asks for another): unlike moving them to a new group, it waits for no RCU grace period.
+// Memory already charged stays charged; a memory limit below it makes the kernel reclaim, or
+// fails (EBUSY). A limit that needs a controller the group was made without fails with an
+// error wrapping ErrCannotEnforce: make a new group for it.
+func (g *Group) SetLimits(lim Limits) error {
+	if err := lim.validate(); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.v2limits {
+		return enforceErr(g.sys.v2set(g.v2, lim))
+	}
+	l := g.sys.layout()
+	for _, c := range lim.controllers() {
+		if l.v1[c] == "" || !slices.Contains(g.dirs, filepath.Join(l.v1[c], parentName, g.dirName)) {
+			return cannot("the group %s was made without the %s controller; make a new one", g.dirName, c)
+		}
+	}
+	for _, d := range g.v1dirs() {
+		if err := g.sys.v1set(d, lim); err != nil {
+			return enforceErr(err)
+		}
+	}
+	return nil
 }

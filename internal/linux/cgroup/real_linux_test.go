@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 	case "delegated":
 		json.NewEncoder(os.Stdout).Encode(delegatedHelper())
 		os.Exit(0)
+	case "mainthread":
+		json.NewEncoder(os.Stdout).Encode(mainThreadHelper())
+		os.Exit(0)
 	case "alloc":
 		// Wait to be told (after joining the group), then touch MiB after MiB forever.
 		io.ReadFull(os.Stdin, make([]byte, 1))

@@ -171,6 +171,9 @@ type delegatedReport struct {
 	Killed    bool
 	GoneErr   string
 	Gone      bool
+	StartErr  string // StartProcess, unprivileged, into a second group
+	StartedIn string // the started process's v2 cgroup
+	Want      string // that group's
 }
 
 // delegatedHelper runs as an unprivileged user inside a cgroup v2 directory that root
@@ -225,6 +228,41 @@ func delegatedHelper() (r delegatedReport) {
 		r.GoneErr = err.Error()
 	}
 	r.Gone = !exists(g.Path())
+
+	// Born inside (CLONE_INTO_CGROUP), with the permissions a delegation gives, in new user
+	// and cgroup namespaces as a rootless sandbox's init is.
+	g2, err := s.create("deleg-start", Limits{})
+	if err != nil {
+		r.StartErr = err.Error()
+		return r
+	}
+	defer g2.Destroy()
+	userns := &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWCGROUP,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}},
+	}
+	var c *exec.Cmd
+	pid, err := g2.StartProcess(userns, func(attr *syscall.SysProcAttr) (int, error) {
+		c = exec.Command("/bin/sleep", "100")
+		c.SysProcAttr = attr
+		if err := c.Start(); err != nil {
+			return 0, err
+		}
+		return c.Process.Pid, nil
+	})
+	if err != nil {
+		r.StartErr = err.Error()
+		return r
+	}
+	defer func() { c.Process.Kill(); c.Wait() }()
+	r.Want = strings.TrimPrefix(g2.Path(), filepath.Dir(r.Base))
+	b, _ = os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "0::") {
+			r.StartedIn = l[3:]
+		}
+	}
 	return r
 }
 
@@ -232,7 +270,9 @@ func delegatedHelper() (r delegatedReport) {
 // cgroup and hands it to uid 65534 as systemd's Delegate=yes does (chown of the directory,
 // cgroup.procs, cgroup.subtree_control, cgroup.threads); a helper started straight into it
 // (CLONE_INTO_CGROUP) then, unprivileged, moves itself to the leaf, makes a group beside
-// it, moves a child in, kills it and removes the group. Enabling controllers below the
+// it, moves a child in, kills it and removes the group, and starts a process straight into
+// a second group (StartProcess, in new user and cgroup namespaces, as a rootless sandbox's
+// init). Enabling controllers below the
 // delegated cgroup is not tried: on this hybrid host the unified hierarchy offers none
 // without changing its root's cgroup.subtree_control (the fake tree covers that step).
 func TestRealV2DelegatedRootless(t *testing.T) {
@@ -284,6 +324,8 @@ func TestRealV2DelegatedRootless(t *testing.T) {
 		t.Errorf("procs %v, kill %q, killed %v", r.Procs, r.KillErr, r.Killed)
 	case r.GoneErr != "" || !r.Gone:
 		t.Errorf("destroy: %q, gone %v", r.GoneErr, r.Gone)
+	case r.StartErr != "" || r.StartedIn != r.Want || r.Want == "":
+		t.Errorf("StartProcess: %q, the process in %q, want %q", r.StartErr, r.StartedIn, r.Want)
 	}
 }
 

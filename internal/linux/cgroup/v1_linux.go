@@ -110,3 +110,77 @@ func (s *system) mkdirOK(dir string) error {
 	}
 	return nil
 }
+
+// v1set rewrites every limit file of the group at dir to lim (SetLimits): what lim leaves out
+// is unlimited again.
+func (s *system) v1set(dir string, lim Limits) error {
+	w := func(file, v string) error { return s.write(filepath.Join(dir, file), v) }
+	if exists(filepath.Join(dir, "memory.limit_in_bytes")) {
+		v := "-1"
+		if lim.MemoryBytes > 0 {
+			v = strconv.FormatInt(lim.MemoryBytes, 10)
+		}
+		files := []string{"memory.limit_in_bytes"}
+		if exists(filepath.Join(dir, "memory.memsw.limit_in_bytes")) {
+			// memory ≤ memory+swap at every step: raising, memsw first; lowering, memory.
+			cur, err := readFile(filepath.Join(dir, "memory.limit_in_bytes"))
+			if err != nil {
+				return err
+			}
+			n, _ := strconv.ParseInt(strings.TrimSpace(cur), 10, 64)
+			if lim.MemoryBytes <= 0 || lim.MemoryBytes > n {
+				files = []string{"memory.memsw.limit_in_bytes", "memory.limit_in_bytes"}
+			} else {
+				files = append(files, "memory.memsw.limit_in_bytes")
+			}
+		} else if lim.MemoryBytes > 0 && exists(filepath.Join(dir, "memory.swappiness")) {
+			files = append(files, "") // and swappiness 0, as v1apply
+		}
+		for _, f := range files {
+			var err error
+			if f == "" {
+				err = w("memory.swappiness", "0")
+			} else {
+				err = w(f, v)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	if exists(filepath.Join(dir, "cpu.cfs_quota_us")) {
+		q := "-1"
+		if lim.CPUs > 0 {
+			q = strconv.FormatInt(lim.cpuQuota(), 10)
+		}
+		if err := w("cpu.cfs_period_us", strconv.Itoa(cpuPeriod)); err != nil {
+			return err
+		}
+		if err := w("cpu.cfs_quota_us", q); err != nil {
+			return err
+		}
+	}
+	if exists(filepath.Join(dir, "cpuset.cpus")) {
+		cpus := lim.CPUSet
+		if cpus == "" {
+			p, err := readFile(filepath.Join(filepath.Dir(dir), "cpuset.cpus"))
+			if err != nil {
+				return err
+			}
+			cpus = strings.TrimSpace(p)
+		}
+		if err := w("cpuset.cpus", cpus); err != nil {
+			return err
+		}
+	}
+	if exists(filepath.Join(dir, "pids.max")) {
+		v := "max"
+		if lim.Pids > 0 {
+			v = strconv.FormatInt(lim.Pids, 10)
+		}
+		if err := w("pids.max", v); err != nil {
+			return err
+		}
+	}
+	return nil
+}

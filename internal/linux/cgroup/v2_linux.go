@@ -126,3 +126,38 @@ func v2populated(dir string) (bool, error) {
 	n, err := keyed(filepath.Join(dir, "cgroup.events"), "populated")
 	return n != 0, err
 }
+
+// v2set rewrites every limit file of the group at dir to lim (SetLimits): what lim leaves out
+// is unlimited again. A limit whose controller the group lacks is ENOENT (ErrCannotEnforce).
+func (s *system) v2set(dir string, lim Limits) error {
+	type file struct {
+		name, v string
+		need    bool // lim sets it: the file must be there
+	}
+	mem, swap, cpu, pids := "max", "max", fmt.Sprintf("max %d", cpuPeriod), "max"
+	if lim.MemoryBytes > 0 {
+		mem, swap = strconv.FormatInt(lim.MemoryBytes, 10), "0"
+	}
+	if lim.CPUs > 0 {
+		cpu = fmt.Sprintf("%d %d", lim.cpuQuota(), cpuPeriod)
+	}
+	if lim.Pids > 0 {
+		pids = strconv.FormatInt(lim.Pids, 10)
+	}
+	for _, f := range []file{
+		{"memory.max", mem, lim.MemoryBytes > 0},
+		{"memory.swap.max", swap, false}, // there only with swap accounting
+		{"cpu.max", cpu, lim.CPUs > 0},
+		{"cpuset.cpus", lim.CPUSet, lim.CPUSet != ""}, // "": the parent's
+		{"pids.max", pids, lim.Pids > 0},
+	} {
+		p := filepath.Join(dir, f.name)
+		if !f.need && !exists(p) {
+			continue
+		}
+		if err := s.write(p, f.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}

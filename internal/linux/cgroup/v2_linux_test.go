@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -311,4 +312,104 @@ func deadPid(t *testing.T) int {
 	_, err = p.Wait()
 	must(t, err)
 	return p.Pid
+}
+
+// TestFakeV2StartProcessFallsBack: a kernel that refuses CLONE_INTO_CGROUP (EINVAL before
+// Linux 5.7) gets the start again without it, the process is moved in before StartProcess
+// returns, and later starts do not ask again. Another error is the caller's, returned as is.
+func TestFakeV2StartProcessFallsBack(t *testing.T) {
+	s, fk := newFakeV2(t, 0, "/", false)
+	g, err := s.create("start", Limits{Pids: 10})
+	must(t, err)
+	rel := "virtx/" + groupDir("start", s.self)
+	var asked []bool // UseCgroupFD of each call
+	start := func(attr *syscall.SysProcAttr) (int, error) {
+		asked = append(asked, attr.UseCgroupFD)
+		if attr.UseCgroupFD {
+			return 0, &os.PathError{Op: "fork/exec", Path: "/bin/x", Err: syscall.EINVAL}
+		}
+		return 4242, nil
+	}
+	pid, err := g.StartProcess(&syscall.SysProcAttr{Setsid: true}, start)
+	if err != nil || pid != 4242 {
+		t.Fatalf("StartProcess = %d, %v", pid, err)
+	}
+	if len(asked) != 2 || !asked[0] || asked[1] {
+		t.Errorf("start called with UseCgroupFD %v, want [true false]", asked)
+	}
+	if got := strings.TrimSpace(fk.get(rel, "cgroup.procs")); got != "4242" {
+		t.Errorf("cgroup.procs = %q, want the process moved in", got)
+	}
+	asked = nil
+	if _, err := g.StartProcess(nil, start); err != nil || len(asked) != 1 || asked[0] {
+		t.Errorf("after a refusal: %v, UseCgroupFD %v; want one call without", err, asked)
+	}
+
+	s2, _ := newFakeV2(t, 0, "/", false)
+	g2, err := s2.create("fail", Limits{})
+	must(t, err)
+	calls := 0
+	_, err = g2.StartProcess(nil, func(*syscall.SysProcAttr) (int, error) {
+		calls++
+		return 0, &os.PathError{Op: "fork/exec", Path: "/bin/x", Err: syscall.ENOENT}
+	})
+	if !errors.Is(err, syscall.ENOENT) || calls != 1 {
+		t.Errorf("a start failing with ENOENT: %v after %d calls, want ENOENT after 1", err, calls)
+	}
+	if s2.noCloneInto.Load() {
+		t.Error("ENOENT taken for a kernel without CLONE_INTO_CGROUP")
+	}
+}
+
+// TestFakeV2StartProcessCannotJoin: a process started (without CLONE_INTO_CGROUP) that
+// cannot be moved into its group is killed, and its pid returned with the error.
+func TestFakeV2StartProcessCannotJoin(t *testing.T) {
+	s, fk := newFakeV2(t, 0, "/", false)
+	s.noCloneInto.Store(true)
+	g, err := s.create("nojoin", Limits{})
+	must(t, err)
+	must(t, os.RemoveAll(g.Path())) // gone under it: cgroup.procs cannot be written
+	pid, err := g.StartProcess(nil, func(*syscall.SysProcAttr) (int, error) { return 4343, nil })
+	if err == nil || pid != 4343 {
+		t.Fatalf("StartProcess = %d, %v; want 4343 and an error", pid, err)
+	}
+	if len(fk.killed) != 1 || fk.killed[0] != 4343 {
+		t.Errorf("killed %v, want [4343]", fk.killed)
+	}
+}
+
+// TestFakeV2SetLimits: a group made for one shape enforces another; what the new limits
+// leave out is unlimited again; a limit whose controller the group lacks is ErrCannotEnforce.
+func TestFakeV2SetLimits(t *testing.T) {
+	s, fk := newFakeV2(t, 0, "/", false)
+	g, err := s.create("reshape", Limits{MemoryBytes: 2 << 30, CPUs: 2, CPUSet: "0-1", Pids: 4096})
+	must(t, err)
+	rel := "virtx/" + groupDir("reshape", s.self)
+	must(t, g.SetLimits(Limits{MemoryBytes: 512 << 20, CPUs: 1, CPUSet: "1", Pids: 100}))
+	for file, want := range map[string]string{
+		"memory.max": "536870912", "memory.swap.max": "0", "cpu.max": "100000 100000",
+		"cpuset.cpus": "1", "pids.max": "100",
+	} {
+		if got := strings.TrimSpace(fk.get(rel, file)); got != want {
+			t.Errorf("%s = %q, want %q", file, got, want)
+		}
+	}
+	must(t, g.SetLimits(Limits{Pids: 10}))
+	for file, want := range map[string]string{
+		"memory.max": "max", "memory.swap.max": "max", "cpu.max": "max 100000", "cpuset.cpus": "", "pids.max": "10",
+	} {
+		if got := strings.TrimSpace(fk.get(rel, file)); got != want {
+			t.Errorf("after unsetting: %s = %q, want %q", file, got, want)
+		}
+	}
+
+	s2, _ := newFakeV2(t, 0, "/", false)
+	plain, err := s2.create("plain", Limits{}) // memory and pids enabled, not cpu
+	must(t, err)
+	if err := plain.SetLimits(Limits{CPUs: 1}); !errors.Is(err, ErrCannotEnforce) {
+		t.Errorf("a CPU limit on a group made without cpu: %v, want ErrCannotEnforce", err)
+	}
+	if err := g.SetLimits(Limits{Pids: -1}); err == nil {
+		t.Error("a negative pids limit was taken")
+	}
 }
