@@ -27,9 +27,14 @@ func Main(args []string) int {
 	case name == "init" && len(args) == 1 && os.Getpid() == 1:
 		args = append(args, "__guest-init") // /init of a VM guest's initramfs
 	}
-	root := newRoot()
-	root.SetArgs(args[1:])
-	err := root.Execute()
+	var err error
+	if entry, ok := entryPoints[argAt(args, 1)]; ok {
+		err = entry(args[2:])
+	} else {
+		root := newRoot()
+		root.SetArgs(args[1:])
+		err = root.Execute()
+	}
 	var ee exitError
 	switch {
 	case err == nil:
@@ -40,6 +45,14 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "virtx:", err)
 		return 125
 	}
+}
+
+// argAt is args[i], or "" when there is none.
+func argAt(args []string, i int) string {
+	if i < len(args) {
+		return args[i]
+	}
+	return ""
 }
 
 func newRoot() *cobra.Command {

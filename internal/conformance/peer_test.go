@@ -91,7 +91,13 @@ func startPeer(t testing.TB, backend string) *peer {
 // startPeerArgs starts the binary with exactly these arguments.
 func startPeerArgs(t testing.TB, args ...string) *peer {
 	t.Helper()
-	cmd := exec.Command(virtxBin, args...)
+	return startPeerCmd(t, exec.Command(virtxBin, args...))
+}
+
+// startPeerCmd starts cmd, which runs the binary (perhaps through a wrapper that execs
+// it), as a peer.
+func startPeerCmd(t testing.TB, cmd *exec.Cmd) *peer {
+	t.Helper()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

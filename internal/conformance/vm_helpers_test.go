@@ -43,7 +43,7 @@ func requireVM(t testing.TB) {
 		missing("mkfs.ext4", "e2fsprogs")
 	}
 	if _, err := exec.LookPath("apt-get"); err != nil && os.Getenv("VIRTX_KERNEL") == "" {
-		if _, err := os.Stat(filepath.Join(vmCache(t), "vm", "kernel2", "current")); err != nil {
+		if _, err := os.Stat(filepath.Join(vmCache(t), "vm", vmKernelDir, "current")); err != nil {
 			missing("a guest kernel (virtx setup vm)", "linux-image-cloud-amd64 via `virtx setup vm`")
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -201,12 +202,31 @@ func TestVMNetworkOutbound(t *testing.T) {
 	probePort := probe.Addr().(*net.TCPAddr).Port
 	hostLoPort := hostLo.Addr().(*net.TCPAddr).Port
 
+	// The fake host's resolver is in R: the server (and so slirp4netns) sees a
+	// resolv.conf naming it, bind-mounted in a mount namespace of the server's own.
+	var dns net.PacketConn
+	inNS(t, r, func() (err error) { dns, err = net.ListenPacket("udp", fakeRemoteIP.String()+":53"); return err })
+	t.Cleanup(func() { dns.Close() })
+	dnsHits := serveFakeDNS(dns, fakeAnswerIP)
+	resolv := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("nameserver "+fakeRemoteIP.String()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
 	var p *peer
-	inNS(t, h, func() error { p = startPeer(t, "vm"); return nil })
+	inNS(t, h, func() error {
+		p = startPeerCmd(t, exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+			`mount --bind "$0" /etc/resolv.conf && exec "$@"`, resolv, virtxBin, "serve", "--backend", "vm"))
+		return nil
+	})
 	p.init(&protocol.InitParams{Network: boolp(true)})
 
 	if got := p.sh("cat /etc/resolv.conf"); got != "nameserver 10.0.2.3\n" {
 		t.Errorf("the guest's resolver: %q, want slirp4netns's DNS relay 10.0.2.3", got)
+	}
+	// A name resolved through the relay by the host's resolver.
+	if got := p.sh("getent ahostsv4 probe.virtx.test | head -1"); !strings.HasPrefix(got, fakeAnswerIP.String()+" ") || dnsHits.Load() == 0 {
+		t.Errorf("resolving through the DNS relay: %q (%d queries reached the fake host's resolver)", got, dnsHits.Load())
 	}
 	// Outbound TCP to the remote.
 	out := p.sh(fmt.Sprintf(`timeout 20 bash -c 'exec 3<>/dev/tcp/%s/%d; echo hello >&3; head -1 <&3'`, fakeRemoteIP, remotePort))
@@ -239,6 +259,48 @@ func TestVMNetworkOutbound(t *testing.T) {
 	if n := hostLoHits.Load(); n != 0 {
 		t.Fatalf("the fake host's 127.0.0.1 listener got %d connections from the guest", n)
 	}
+}
+
+// fakeAnswerIP is the address the fake resolver gives every name.
+var fakeAnswerIP = net.ParseIP("198.51.100.7")
+
+// serveFakeDNS answers every UDP query on pc: an A question with one A record for ip,
+// any other with no records (NOERROR). It counts the queries.
+func serveFakeDNS(pc net.PacketConn, ip net.IP) *atomic.Int64 {
+	var n atomic.Int64
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			k, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			q := buf[:k]
+			// The header (12 bytes), then one question: a name of labels, type, class.
+			end := 12
+			for end < k && q[end] != 0 {
+				end += int(q[end]) + 1
+			}
+			end += 5
+			if k < 12 || end > k || q[5] != 1 {
+				continue
+			}
+			n.Add(1)
+			resp := append([]byte(nil), q[:end]...)
+			resp[2] |= 0x80 // QR: a response
+			resp[3] = 0x80  // RA, NOERROR
+			resp[8], resp[9], resp[10], resp[11] = 0, 0, 0, 0
+			if q[end-4] == 0 && q[end-3] == 1 { // type A
+				resp[7] = 1 // one answer: the question's name (a pointer to it), A, IN, 60 s
+				resp = append(resp, 0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4)
+				resp = append(resp, ip.To4()...)
+			} else {
+				resp[7] = 0
+			}
+			pc.WriteTo(resp, from)
+		}
+	}()
+	return &n
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

@@ -6,19 +6,24 @@
 //  1. Mount /proc, /sys and /dev (devtmpfs) in the initramfs.
 //  2. Load the kernel modules the initramfs carries (/modules/order.txt, dependencies
 //     first) with finit_module: virtio_mmio and the virtio drivers, fuse and virtiofs,
-//     overlay. A module the kernel already has built in answers EEXIST and is fine.
+//     overlay; the NIC's only with a NIC (virtx.net), erofs only with an image's disk
+//     (as soon as the virtio disks show one, else when the config says there is an
+//     image). A module the kernel already has built in answers EEXIST, and one the
+//     initramfs lacks is taken as built in.
 //  3. Mount the host's share (virtiofs, tag "virtx") at /mnt/host. The host prepared it:
 //     base/ is the read-only image (the host image: the host's system dirs and a
 //     curated /etc), trees/N are the session's trees (read-only ones already read-only
 //     on the host side), config.json is this file's Config, snapshot.tar the init
-//     snapshot when there is one. A session on an OCI image also has the image share
-//     (tag "virtx-img", mounted read-only at /mnt/image): the layers as 0 (the top) …
-//     N-1, with their whiteouts and trusted.overlay.opaque marks; base/ is then only
-//     the mount points and the session's /etc files, stacked over them.
-//  4. Mount the session disk (/dev/vda, ext4 made by the host) at /mnt/disk; it holds
-//     the overlay's upper and work dirs and survives a stop. An init snapshot is applied
-//     into the upper once (executor.ApplyLayer), before anything runs.
-//  5. Mount the root: overlay of base/ (over the image's layers, if any) and the upper
+//     snapshot when there is one. A session on an OCI image also has the image's disk:
+//     a read-only virtio disk whose serial is "virtx-image" (/sys/block/vdX/serial),
+//     an erofs of the image's layers already flattened by the host, mounted read-only at
+//     /mnt/image; base/ is then only the mount points and the session's /etc files,
+//     stacked over it.
+//  4. Mount the session disk (the virtio disk without that serial, ext4 made by the
+//     host) at /mnt/disk; it holds the overlay's upper and work dirs and survives a
+//     stop. An init snapshot is applied into the upper once (executor.ApplyLayer),
+//     before anything runs.
+//  5. Mount the root: overlay of base/ (over the image's erofs, if any) and the upper
 //     (metacopy, redirect_dir and index off, so the upper is whole and
 //     executor.WriteLayer can hand it out as a layer), then /proc, /sys, /dev,
 //     /dev/pts, /dev/shm and /run in it, and each tree at its guest path, in the order
@@ -70,12 +75,11 @@ type Config struct {
 	PidsMax int `json:"pids_max,omitempty"`
 	// Hostname is the guest's host name.
 	Hostname string `json:"hostname"`
-	// ImageLayers is how many layers an OCI image has: the image share (tag
-	// ImageShareTag) holds them as 0 (the top) … ImageLayers-1 (the bottom), stacked
-	// under base/ (the mount points and /etc files the session needs) as the root
-	// overlay's lowers. 0 with Image false: the root is the host image, base/ alone.
-	Image       bool `json:"image,omitempty"`
-	ImageLayers int  `json:"image_layers,omitempty"`
+	// Image says the session is on an OCI image: the virtio disk whose serial is
+	// ImageDiskSerial is its erofs (the layers flattened), stacked under base/ (the
+	// mount points and /etc files the session needs) as the root overlay's lower.
+	// False: the root is the host image, base/ alone.
+	Image bool `json:"image,omitempty"`
 	// Workdir is made in the root when missing (an image's WORKDIR, as docker does).
 	Workdir string `json:"workdir,omitempty"`
 }
@@ -89,14 +93,14 @@ type Tree struct {
 
 // Share layout, as the host prepares it and the guest reads it.
 const (
-	ShareTag       = "virtx"
-	ImageShareTag  = "virtx-img"
-	ShareBase      = "base"
-	ShareTrees     = "trees"
-	ShareConfig    = "config.json"
-	ShareSnapshot  = "snapshot.tar"
-	DefaultPort    = "virtx.0"
-	GuestAddress   = "10.0.2.15/24"
-	GuestGateway   = "10.0.2.2"
-	GuestNameserve = "10.0.2.3"
+	ShareTag        = "virtx"
+	ShareBase       = "base"
+	ShareTrees      = "trees"
+	ShareConfig     = "config.json"
+	ShareSnapshot   = "snapshot.tar"
+	DefaultPort     = "virtx.0"
+	GuestAddress    = "10.0.2.15/24"
+	GuestGateway    = "10.0.2.2"
+	GuestNameserve  = "10.0.2.3"
+	ImageDiskSerial = "virtx-image" // an image's disk (a virtio-blk serial is at most 20 bytes)
 )

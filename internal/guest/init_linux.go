@@ -42,6 +42,9 @@ func Main() error {
 	if os.Getpid() != 1 {
 		return errors.New("guest init runs as PID 1 of a VM guest (it is /init of the vm backend's initramfs), not here")
 	}
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) // when main began, for virtx.debug
+	mainAt = float64(ts.Nano()) / 1e9
 	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "virtx-init: "+format+"\n", args...) }
 	cfg, upper, err := setup(logf)
 	ctx := context.Background()
@@ -92,6 +95,9 @@ func Main() error {
 	return nil
 }
 
+// mainAt is when Main began, in seconds since boot.
+var mainAt float64
+
 // setup does everything up to the switch of root; it answers the config and the path
 // of the overlay's upper dir as seen after the switch.
 func setup(logf func(string, ...any)) (*Config, string, error) {
@@ -127,7 +133,10 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 	// the share and the session disk are mounted as soon as their drivers are, while
 	// the rest (overlay, the NIC's) still load. The host says on the kernel command
 	// line whether there is a disk (virtx.disk) and a NIC (virtx.net): the config that
-	// says so is on the share, which is what the first of them waits for.
+	// says so is on the share, which is what the first of them waits for. erofs (and
+	// what only it needs) loads only when there is an image's disk: as soon as the
+	// virtio disks are found, else when the config says there is an image.
+	debugf("main began at %.3f", mainAt)
 	debugf("modules")
 	skip := map[string]bool{}
 	if !flags["virtx.net"] {
@@ -135,7 +144,23 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 			skip[m] = true
 		}
 	}
+	for _, m := range imageModules {
+		skip[m] = true
+	}
 	mods := loadModules("/modules", skip)
+	go func() {
+		// Once both drivers are in, every virtio disk is there (each is probed as
+		// its driver or its transport registers); a serial that does not read yet
+		// only leaves erofs for the config to start.
+		if mods.wait("virtio_mmio.ko") != nil || mods.wait("virtio_blk.ko") != nil {
+			return
+		}
+		if _, err := virtioDisk(func(serial string) bool { return serial == ImageDiskSerial }); err == nil {
+			for _, m := range imageModules {
+				mods.start(m)
+			}
+		}
+	}()
 	var diskErr error
 	diskDone := make(chan struct{})
 	go func() {
@@ -152,8 +177,15 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 		}
 		// noinit_itable: the disk is a fresh sparse file, so its inode tables already
 		// read as zeros; the kernel need not spend the guest's CPU zeroing them behind
-		// a session.
-		diskErr = retry(5*time.Second, func() error { return mount("/dev/vda", diskDir, "ext4", unix.MS_NOATIME, "noinit_itable") })
+		// a session. The session disk is the virtio disk that is not the image's (which
+		// may well be vda: the order drivers find disks in is no contract).
+		diskErr = retry(5*time.Second, func() error {
+			dev, err := virtioDisk(func(serial string) bool { return serial != ImageDiskSerial })
+			if err != nil {
+				return err
+			}
+			return mount(dev, diskDir, "ext4", unix.MS_NOATIME, "noinit_itable")
+		})
 		if diskErr != nil {
 			diskErr = fmt.Errorf("the session disk: %w", diskErr)
 		}
@@ -179,6 +211,29 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 	if cfg.Hostname != "" {
 		_ = unix.Sethostname([]byte(cfg.Hostname))
 	}
+	// An image's disk: erofs, read-only (the device is, too: QEMU's readonly=on).
+	imageDone := make(chan error, 1)
+	go func() {
+		if !cfg.Image {
+			imageDone <- nil
+			return
+		}
+		for _, m := range append([]string{"virtio_mmio.ko", "virtio_blk.ko"}, imageModules...) {
+			if err := mods.wait(m); err != nil {
+				imageDone <- err
+				return
+			}
+		}
+		err := retry(5*time.Second, func() error {
+			dev, err := virtioDisk(func(serial string) bool { return serial == ImageDiskSerial })
+			if err != nil {
+				return err
+			}
+			return mount(dev, imageDir, "erofs", unix.MS_RDONLY, "")
+		})
+		debugf("image mounted")
+		imageDone <- err
+	}()
 	// The network is the kernel's, not the root's: it is set up meanwhile.
 	netDone := make(chan error, 1)
 	go func() {
@@ -222,24 +277,14 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 	}
 	debugf("root overlay")
 	lower := filepath.Join(hostDir, ShareBase)
+	if err := <-imageDone; err != nil {
+		return cfg, "", boot("the image's disk: %v", err)
+	}
 	if cfg.Image {
-		// The image's layers (top first) under base/, named relative to the image
-		// share (the working directory while the overlay is made) so that no count of
-		// layers outgrows the option string.
-		if err := retry(5*time.Second, func() error { return mount(ImageShareTag, imageDir, "virtiofs", unix.MS_RDONLY, "") }); err != nil {
-			return cfg, "", boot("the image's share: %v", err)
-		}
-		for i := 0; i < cfg.ImageLayers; i++ {
-			lower += fmt.Sprintf(":%d", i)
-		}
-		if err := unix.Chdir(imageDir); err != nil {
-			return cfg, "", boot("%v", err)
-		}
+		lower += ":" + imageDir // the image, flattened, under base/
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,metacopy=off,redirect_dir=off,index=off", lower, upper, work)
-	err = mount("overlay", newRoot, "overlay", 0, opts)
-	_ = unix.Chdir("/")
-	if err != nil {
+	if err := mount("overlay", newRoot, "overlay", 0, opts); err != nil {
 		return cfg, "", boot("root overlay: %v", err)
 	}
 	for _, m := range []struct{ src, dst, fs, data string }{
@@ -283,6 +328,32 @@ func setup(logf func(string, ...any)) (*Config, string, error) {
 		return cfg, "", boot("switch root: %v", err)
 	}
 	return cfg, fmt.Sprintf("/proc/self/fd/%d", fd), nil
+}
+
+// virtioDisk answers /dev/vdX of the first virtio disk (by name) whose serial, as
+// /sys/block/vdX/serial has it, want accepts (a disk without a serial reads as "").
+func virtioDisk(want func(serial string) bool) (string, error) {
+	ents, err := os.ReadDir("/sys/block")
+	if err != nil {
+		return "", err
+	}
+	var seen []string
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "vd") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/sys/block", e.Name(), "serial"))
+		if err != nil { // asks the device: not answering yet, try again
+			seen = append(seen, fmt.Sprintf("%s (serial: %v)", e.Name(), err))
+			continue
+		}
+		serial := strings.TrimRight(string(b), "\x00\n ")
+		if want(serial) {
+			return "/dev/" + e.Name(), nil
+		}
+		seen = append(seen, fmt.Sprintf("%s (serial %q)", e.Name(), serial))
+	}
+	return "", fmt.Errorf("no such virtio disk among %v", seen)
 }
 
 // limitPids mounts cgroup2 in the new root and moves this process (and so everything
@@ -413,73 +484,42 @@ func switchRoot() error {
 // netModules are the modules only a guest with a NIC needs.
 var netModules = []string{"virtio_net.ko", "net_failover.ko", "failover.ko"}
 
+// imageModules are the modules only a guest on an OCI image needs (its erofs disk);
+// erofs's own dependencies (libcrc32c) load with it.
+var imageModules = []string{"erofs.ko"}
+
 // modules is the loading of the initramfs's modules, in the background.
 type modules struct {
+	dir  string
 	mods map[string]*module // by file name; made before any loading starts
 	err  error              // reading order.txt
+
+	mu      sync.Mutex
+	started []*module
 }
 
 type module struct {
+	file string
+	deps []string
+	once sync.Once
 	done chan struct{}
 	err  error // set before done is closed
 }
 
-// wait waits for the module in file name (and what it needs) to be loaded; a module the
-// initramfs lacks (a kernel with it built in) is not waited for.
-func (m *modules) wait(name string) error {
-	if m.err != nil {
-		return m.err
-	}
+// start starts loading the module in file name, after what it needs, unless it is
+// loading already; it answers nil for a module the initramfs lacks.
+func (m *modules) start(name string) *module {
 	md, ok := m.mods[name]
 	if !ok {
 		return nil
 	}
-	<-md.done
-	return md.err
-}
-
-// waitAll waits for every module and answers the first failure.
-func (m *modules) waitAll() error {
-	if m.err != nil {
-		return m.err
-	}
-	var first error
-	for name := range m.mods {
-		if err := m.wait(name); err != nil && first == nil {
-			first = err
+	md.once.Do(func() {
+		m.mu.Lock()
+		m.started = append(m.started, md)
+		m.mu.Unlock()
+		for _, d := range md.deps {
+			m.start(d)
 		}
-	}
-	return first
-}
-
-// loadModules starts loading dir's modules as its order.txt lists them (a line is a
-// module's file and the files of the modules it depends on), but those in skip. Each
-// module is loaded as soon as its dependencies are, several at once (a guest has more
-// than one vCPU, and under TCG loading a module is mostly CPU).
-func loadModules(dir string, skip map[string]bool) *modules {
-	m := &modules{mods: map[string]*module{}}
-	order, err := os.ReadFile(filepath.Join(dir, "order.txt"))
-	if errors.Is(err, os.ErrNotExist) {
-		return m // a kernel with everything built in
-	}
-	if err != nil {
-		m.err = err
-		return m
-	}
-	type mod struct {
-		file string
-		deps []string
-	}
-	var mods []mod
-	for _, line := range strings.Split(string(order), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || skip[f[0]] {
-			continue
-		}
-		mods = append(mods, mod{f[0], f[1:]})
-		m.mods[f[0]] = &module{done: make(chan struct{})}
-	}
-	for _, md := range mods {
 		go func() {
 			var err error
 			for _, d := range md.deps {
@@ -488,12 +528,81 @@ func loadModules(dir string, skip map[string]bool) *modules {
 				}
 			}
 			if err == nil {
-				err = finitModule(filepath.Join(dir, md.file))
+				err = finitModule(filepath.Join(m.dir, md.file))
 			}
-			st := m.mods[md.file]
-			st.err = err
-			close(st.done)
+			md.err = err
+			close(md.done)
 		}()
+	})
+	return md
+}
+
+// wait loads the module in file name (and what it needs), if it is not loading yet,
+// and waits for it; a module the initramfs lacks (a kernel with it built in) is not
+// waited for.
+func (m *modules) wait(name string) error {
+	if m.err != nil {
+		return m.err
+	}
+	md := m.start(name)
+	if md == nil {
+		return nil
+	}
+	<-md.done
+	return md.err
+}
+
+// waitAll waits for every module started so far and answers the first failure.
+func (m *modules) waitAll() error {
+	if m.err != nil {
+		return m.err
+	}
+	m.mu.Lock()
+	started := append([]*module(nil), m.started...)
+	m.mu.Unlock()
+	var first error
+	for _, md := range started {
+		<-md.done
+		if md.err != nil && first == nil {
+			first = md.err
+		}
+	}
+	return first
+}
+
+// loadModules starts loading dir's modules as its order.txt lists them (a line is a
+// module's file and the files of the modules it depends on): every one that is not in
+// skip and that no other module needs, each after its dependencies, so that a module
+// only skipped ones need (the NIC's failover, erofs's libcrc32c) is not loaded either;
+// wait loads a skipped one later. Several load at once (a guest has more than one
+// vCPU, and under TCG loading a module is mostly CPU).
+func loadModules(dir string, skip map[string]bool) *modules {
+	m := &modules{dir: dir, mods: map[string]*module{}}
+	order, err := os.ReadFile(filepath.Join(dir, "order.txt"))
+	if errors.Is(err, os.ErrNotExist) {
+		return m // a kernel with everything built in
+	}
+	if err != nil {
+		m.err = err
+		return m
+	}
+	var files []string
+	needed := map[string]bool{}
+	for _, line := range strings.Split(string(order), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		files = append(files, f[0])
+		m.mods[f[0]] = &module{file: f[0], deps: f[1:], done: make(chan struct{})}
+		for _, d := range f[1:] {
+			needed[d] = true
+		}
+	}
+	for _, f := range files {
+		if !skip[f] && !needed[f] {
+			m.start(f)
+		}
 	}
 	return m
 }

@@ -21,13 +21,13 @@
 //	                            internal/executor.ApplyLayer's)
 //	buildcache/<key hex>        a RUN step's result: the manifest digest of the image after the
 //	                            step, keyed by sha256(image-so-far digest, step)
-//	locks/                      flock(2) files: gc, index, blob-<hex>, layer-<diff_id hex>
+//	derived/<manifest hex>/<n>  files a backend makes from a whole image (Store.Derived): the vm
+//	                            backend's vm-<format>.erofs, the image's layers flattened into one
+//	                            read-only filesystem for its guests; made once, published by
+//	                            rename, deleted by the collector with the image
+//	locks/                      flock(2) files: gc, index, blob-<hex>, layer-<diff_id hex>,
+//	                            derived-<manifest hex>-<n>
 //	tmp/                        files and directories being written
-//
-// A virtual-machine backend needs a layer as a block device instead; that form belongs
-// beside the directory as layers/<diff_id hex>.erofs, made once from the same tar under
-// the same per-layer lock, published by the same rename. Nothing here assumes the
-// directory is the only form.
 //
 // # Locking
 //
@@ -38,8 +38,9 @@
 //     holds it shared; garbage collection holds it exclusive, so nothing is collected
 //     while a pull or a build has written blobs the index does not name yet.
 //   - locks/index: held exclusive around each read-modify-write of index.json.
-//   - locks/blob-<hex>, locks/layer-<hex>: exclusive while that blob is fetched or that
-//     layer unpacked, so two pulls of one image fetch each blob once; the second waits
+//   - locks/blob-<hex>, locks/layer-<hex>, locks/derived-<hex>-<n>: exclusive while that
+//     blob is fetched, that layer unpacked or that derived file made, so two pulls of one
+//     image fetch each blob once (and two servers make one erofs once); the second waits
 //     and finds it there. A session's Image holds its layers' locks shared until Release,
 //     and the collector skips a layer whose lock it cannot take exclusive, so a layer is
 //     never deleted from under a running session, even after its image is removed.

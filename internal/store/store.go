@@ -493,12 +493,13 @@ func (s *Store) Remove(ctx context.Context, refOrDigest string) error {
 // GCStats says what a collection removed.
 type GCStats struct {
 	Blobs, Layers, CacheEntries int
+	Derived                     int // images whose derived files (Derived) went
 	Skipped                     int // layers in use by a session, left for a later collection
 }
 
-// GC deletes the blobs, unpacked layers and build-cache entries no image in the index
-// references (directly, or through a build chain), and everything in tmp/. It waits for
-// running pulls and builds to finish.
+// GC deletes the blobs, unpacked layers, build-cache entries and derived files no image
+// in the index references (directly, or through a build chain), and everything in tmp/.
+// It waits for running pulls, builds and Derived to finish.
 func (s *Store) GC(ctx context.Context) (GCStats, error) {
 	var st GCStats
 	l, err := lockPath(ctx, s.lockFile("gc"), exclusive)
@@ -521,7 +522,9 @@ func (s *Store) GC(ctx context.Context) (GCStats, error) {
 	}
 	liveBlobs := map[string]bool{}
 	liveLayers := map[string]bool{}
+	liveHex := map[string]bool{}
 	for m := range liveManifests {
+		liveHex[m.Hex] = true
 		man, err := s.manifest(m)
 		if err != nil {
 			s.log.Warn("image store: a live image's manifest is unreadable; keeping everything it may need", "digest", m, "err", err)
@@ -582,11 +585,12 @@ func (s *Store) GC(ctx context.Context) (GCStats, error) {
 		ll.unlock()
 		st.Layers++
 	}
+	st.Derived = s.collectDerived(liveHex)
 	tmps, _ := os.ReadDir(filepath.Join(s.root, "tmp"))
 	for _, t := range tmps {
 		removeTree(filepath.Join(s.root, "tmp", t.Name()))
 	}
-	s.log.Debug("image store: collected", "blobs", st.Blobs, "layers", st.Layers, "cache", st.CacheEntries, "in use", st.Skipped)
+	s.log.Debug("image store: collected", "blobs", st.Blobs, "layers", st.Layers, "cache", st.CacheEntries, "derived", st.Derived, "in use", st.Skipped)
 	return st, nil
 }
 

@@ -1,7 +1,6 @@
 package vm
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -152,19 +151,18 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 			"HOME=/root", "USER=root", "LOGNAME=root", "LANG=C.UTF-8",
 		},
 	}
-	var layers []string
+	var img *heldImage
 	if spec.Image != nil {
-		im := b.heldImage(spec)
-		if im == nil { // an init admitted elsewhere: resolve it now
+		img = b.heldImage(spec)
+		if img == nil { // an init admitted elsewhere: resolve it now
 			if _, err := b.admitImage(ctx, spec); err != nil {
 				return nil, err
 			}
-			im = b.heldImage(spec)
+			img = b.heldImage(spec)
 		}
-		layers = im.Lowers
-		cfg.Image, cfg.ImageLayers = true, len(layers)
-		cfg.Env = imageEnv(im.Config.Env, cfg.Hostname)
-		cfg.Workdir = im.Config.WorkingDir
+		cfg.Image = true
+		cfg.Env = imageEnv(img.im.Config.Env, cfg.Hostname)
+		cfg.Workdir = img.im.Config.WorkingDir
 	}
 	mem := spec.MemoryMiB
 	if mem == 0 {
@@ -189,11 +187,11 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 	}
 	b.log.Debug("vm disk", "took", time.Since(t0))
 	accel := b.acceleration()
-	m, err := b.boot(ctx, spec, assets, cfg, trees, layers, disk, accel)
+	m, err := b.boot(ctx, spec, assets, cfg, trees, img, disk, accel)
 	if err != nil && accel == "kvm" && errors.Is(err, errBootTimeout) {
 		// KVM that cannot run this guest (a PVM-only host): say so once, use TCG.
 		b.kvmBroken(err)
-		m, err = b.boot(ctx, spec, assets, cfg, trees, layers, disk, "tcg")
+		m, err = b.boot(ctx, spec, assets, cfg, trees, img, disk, "tcg")
 	}
 	return m, err
 }
@@ -219,20 +217,9 @@ func (b *Backend) diskFor(ctx context.Context, spec *backend.Spec, a *Assets) (*
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("%w: %v", backend.ErrBootFailed, err)
 	}
-	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	f, err := newSessionDisk(ctx, b.cacheDir, dir, a.MkfsExt4, gib)
 	if err != nil {
-		return nil, fmt.Errorf("%w: session disk: open(%s, O_TMPFILE): %v", backend.ErrBootFailed, dir, err)
-	}
-	f := os.NewFile(uintptr(fd), "session-disk")
-	if err := unix.Ftruncate(fd, int64(gib)<<30); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%w: session disk: ftruncate %d GiB: %v", backend.ErrBootFailed, gib, err)
-	}
-	cmd := exec.CommandContext(ctx, a.MkfsExt4, "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard", "/dev/fd/3")
-	cmd.ExtraFiles = []*os.File{f}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("%w: session disk: mkfs.ext4: %v: %s", backend.ErrBootFailed, err, bytes.TrimSpace(out))
+		return nil, err
 	}
 	b.diskSpec, b.disk = spec, f
 	return f, nil
@@ -240,8 +227,9 @@ func (b *Backend) diskFor(ctx context.Context, spec *backend.Spec, a *Assets) (*
 
 var errBootTimeout = errors.New("the guest did not answer in time")
 
-// boot starts virtiofsd and QEMU and waits for the guest's executor to answer.
-func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *guest.Config, trees []shareTree, layers []string, disk *os.File, accel string) (_ backend.Machine, err error) {
+// boot starts virtiofsd and QEMU and waits for the guest's executor to answer. img is
+// the session's OCI image, nil on the host image.
+func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *guest.Config, trees []shareTree, img *heldImage, disk *os.File, accel string) (_ backend.Machine, err error) {
 	start := time.Now()
 	run, err := newRunDir(b.cacheDir)
 	if err != nil {
@@ -258,7 +246,7 @@ func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *
 	}
 
 	// virtiofsd, on a socket we listen on (so QEMU can connect at once), in the share's
-	// own mount namespace; a second one for an image's layers.
+	// own mount namespace.
 	share := filepath.Join(run, "share")
 	if err := os.Mkdir(share, 0o755); err != nil {
 		return nil, fail("%v", err)
@@ -273,25 +261,16 @@ func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *
 		return nil, fail("%v", err)
 	}
 	defer fsdLog.Close()
-	m.fsd = virtiofsd(a.Virtiofsd, share, fsFile, fsdLog, false)
+	m.fsd = virtiofsd(a.Virtiofsd, share, fsFile, fsdLog)
 	cmds := []*exec.Cmd{m.fsd}
 	ss := &shareSpec{dir: share, trees: trees, config: cfg}
 	if cfg.Snapshot {
 		ss.snapshot = spec.Snapshot
 	}
-	if cfg.Image {
-		ss.image = filepath.Join(run, "image")
-		ss.layers = layers
-		if err := os.Mkdir(ss.image, 0o755); err != nil {
-			return nil, fail("%v", err)
-		}
-		imgFile, err := listenFile(filepath.Join(run, "img.sock"))
-		if err != nil {
-			return nil, fail("virtiofsd socket: %v", err)
-		}
-		defer imgFile.Close()
-		m.imgd = virtiofsd(a.Virtiofsd, ss.image, imgFile, fsdLog, true)
-		cmds = append(cmds, m.imgd)
+	if img != nil {
+		// The image itself is its erofs disk (qemuArgs); the share has only what goes
+		// over it, made with the attributes of the layers' own.
+		ss.image, ss.layers = true, img.im.Lowers
 	}
 	if err := theSpawner.inPrivateNS(func() error { return buildShare(ss) }, cmds...); err != nil {
 		if strings.Contains(err.Error(), "bind ") {
@@ -323,6 +302,9 @@ func (b *Backend) boot(ctx context.Context, spec *backend.Spec, a *Assets, cfg *
 	defer qemuLog.Close()
 	m.qemu = exec.Command(a.QEMU, args...)
 	m.qemu.ExtraFiles = []*os.File{disk}
+	if img != nil {
+		m.qemu.ExtraFiles = append(m.qemu.ExtraFiles, img.disk) // /dev/fd/4: imageDiskFD
+	}
 	m.qemu.Stdout, m.qemu.Stderr = qemuLog, qemuLog
 	if spec.Network {
 		// A network namespace of QEMU's own, where its tap meets slirp4netns's.
@@ -371,15 +353,11 @@ func listenFile(p string) (*os.File, error) {
 }
 
 // virtiofsd is the command of a virtiofsd serving dir on the listening socket sock
-// (passed as fd 3). The image's one (xattrs) passes extended attributes through and
-// keeps CAP_SYS_ADMIN, so the guest's overlay reads the layers' trusted.overlay.opaque
-// marks; its whole tree is read-only, so nothing the guest does writes an attribute.
-func virtiofsd(bin, dir string, sock, log *os.File, xattrs bool) *exec.Cmd {
+// (passed as fd 3), without extended attributes: a guest cannot set trusted.* or
+// security.* attributes on a read-write tree.
+func virtiofsd(bin, dir string, sock, log *os.File) *exec.Cmd {
 	args := []string{"--fd=3", "-o", "source=" + dir, "-o", "cache=always",
 		"-o", "sandbox=namespace", "-o", "log_level=err", "-o", "no_posix_lock", "-o", "no_flock"}
-	if xattrs {
-		args = append(args, "-o", "xattr", "-o", "modcaps=+sys_admin")
-	}
 	cmd := exec.Command(bin, args...)
 	cmd.ExtraFiles = []*os.File{sock}
 	cmd.Stdout, cmd.Stderr = log, log
@@ -443,8 +421,10 @@ func (b *Backend) qemuArgs(spec *backend.Spec, a *Assets, run, accel string, ima
 		"-device", "virtio-blk-device,drive=disk",
 	}
 	if image {
-		args = append(args, "-chardev", "socket,id=img,path="+filepath.Join(run, "img.sock"),
-			"-device", "vhost-user-fs-device,chardev=img,tag="+guest.ImageShareTag)
+		// The image's erofs, read-only down to the host file QEMU opens; the guest finds
+		// it by its serial (the session disk has none).
+		args = append(args, "-drive", fmt.Sprintf("file=/dev/fd/%d,format=raw,if=none,readonly=on,id=image", imageDiskFD),
+			"-device", "virtio-blk-device,drive=image,serial="+guest.ImageDiskSerial)
 	}
 	if spec.Network {
 		// A tap in QEMU's own network namespace, bridged there to slirp4netns's
@@ -545,7 +525,6 @@ type machine struct {
 	conn   *net.UnixConn
 	qemu   *exec.Cmd
 	fsd    *exec.Cmd
-	imgd   *exec.Cmd // virtiofsd of an image's layers; nil on the host image
 	exited chan struct{}
 	net    *network.UserNet // slirp4netns, with network on
 	once   sync.Once
@@ -637,10 +616,8 @@ func (m *machine) teardown() {
 		if m.net != nil {
 			m.net.Close()
 		}
-		for _, c := range []*exec.Cmd{m.fsd, m.imgd} {
-			if c != nil && c.Process != nil {
-				c.Process.Kill()
-			}
+		if m.fsd != nil && m.fsd.Process != nil {
+			m.fsd.Process.Kill()
 		}
 		if os.Getenv("VIRTX_VM_DEBUG") == "" {
 			os.RemoveAll(m.run)

@@ -50,31 +50,15 @@
 //   - An OCI image (init's image): Admit resolves it through the image store
 //     (internal/store: a ref the store lacks is pulled, a recipe without RUN steps
 //     built; RUN steps need a StepRunner the vm backend does not have yet, so such a
-//     recipe is UNSUPPORTED_IMAGE) and holds its lease until a later init replaces the
-//     session; init answers the image's WORKDIR as the cwd (the guest makes it when the
-//     layers lack it) and the image's Env is every command's (PATH, HOME and HOSTNAME
-//     added when it sets none, as docker does). The layers — the store's unpacked
-//     directories, whiteouts as 0/0 character devices and opaque directories marked
-//     trusted.overlay.opaque=y — are bound read-only into a second tmpfs (0 the top …
-//     N-1) served by a second virtiofsd (tag virtx-img) with `-o xattr` and
-//     `modcaps=+sys_admin`, without which the guest's getxattr of trusted.* reads
-//     nothing (the kernel hides trusted.* from a process without CAP_SYS_ADMIN) and
-//     opaque directories would leak their lowers. That daemon serves a tree that is
-//     read-only end to end, so the attributes it passes are only ever read; the main
-//     share keeps xattrs off, so a guest cannot set trusted.* or security.* attributes
-//     on a read-write tree. The guest stacks the layers as the lowers of its one root
-//     overlay, under base/, which on an image holds only the mount points (proc, sys,
-//     dev, run) and an etc/ with hosts, hostname and, with a network, resolv.conf (each
-//     made with the attributes of the image's own, so the merged directories look as
-//     the image made them).
-//     Why virtiofs and not an erofs per layer: mkfs.erofs is quick (0.39 s for the
-//     54 MB of /usr/lib/python3.11 here), but microvm has 24 virtio-mmio slots, four
-//     already taken (share, console port, disk, NIC), so an image of more than ~19
-//     layers would not fit one device per layer, every layer would be stored twice,
-//     and the first boot on an image would pay the build; the share costs nothing up
-//     front, takes any number of layers and is what the host image already uses.
-//     Measured: a cold session on the 3-layer test image is as fast as one on the
-//     host image (TestVMImage, BenchmarkVMColdSessionImage).
+//     recipe is UNSUPPORTED_IMAGE), makes its erofs disk (below) and holds both — the
+//     lease on its layers, the disk open — until a later init replaces the session;
+//     init answers the image's WORKDIR as the cwd (the guest makes it when the image
+//     lacks it) and the image's Env is every command's (PATH, HOME and HOSTNAME added
+//     when it sets none, as docker does). The guest's root overlay has the disk's
+//     erofs as its one lower under base/, which on an image holds only the mount points
+//     (proc, sys, dev, run) and an etc/ with hosts, hostname and, with a network,
+//     resolv.conf (each made with the attributes of the image's own, read from the
+//     layers, so the merged directories look as the image made them).
 //   - Network off: no NIC at all (only lo). Network on: outbound through slirp4netns,
 //     with internal/network's guard, in a network namespace of QEMU's own. QEMU is
 //     started in a new network namespace with a tap (tap0) as the guest's virtio-net
@@ -110,42 +94,125 @@
 //     boots a new one (a guest that dies on its own ends the same way: relay.Client
 //     answers ErrMachineGone).
 //
+// # An image's erofs disk
+//
+// One erofs per image, the layers flattened, made by Debian's mkfs.erofs (erofs-utils;
+// missing, an image is BOOT_FAILED naming `apt-get install erofs-utils`):
+//
+//   - Flattening: the store's unpacked layers (whiteouts as 0/0 character devices,
+//     opaque directories marked trusted.overlay.opaque=y) are stacked as a read-only
+//     overlayfs in a mount namespace of mkfs.erofs's own (the spawner's private
+//     namespace, as the share's), so the host kernel applies whiteouts and opaque
+//     directories exactly as a session's root would and hides its own trusted.overlay.*
+//     attributes; mkfs.erofs --preserve-mtime reads the merged tree and keeps modes,
+//     owners, mtimes, the other xattrs (security.capability included), device nodes,
+//     fifos, symlinks and hard links (one inode: mkfs.erofs knows them by the lower's
+//     device and inode). Uncompressed: the guest reads it under TCG, where decompressing
+//     would cost its vCPUs at every read. A layer an image has twice is stacked once
+//     (overlayfs refuses a directory twice; the upper copy already has it all).
+//   - Cache: the store's derived files (store.Derived), at
+//     <cache>/images/derived/<manifest hex>/vm-<format>.erofs, keyed by the image's
+//     digest: made in the store's tmp/ and published by rename, under the gc lock
+//     (shared) and a lock per file, so two servers asking at once make it once (the
+//     second waits and opens the first's); the store's collector deletes it with the
+//     image (`virtx image rm`, or any Remove, through GC), and a new format number
+//     deletes the old file at its next use. A session holds its image's erofs open
+//     from Admit on, so a removal under it only unlinks the name: QEMU still reads the
+//     file, the next boot of that session too, and the space comes back when the
+//     session is replaced. An image the index no longer names gets a file that is
+//     never published (unlinked at once).
+//   - The guest: QEMU gets the open file as /dev/fd/4, `-drive
+//     file=/dev/fd/4,format=raw,if=none,readonly=on` and `-device
+//     virtio-blk-device,serial=virtx-image`: read-only down to the file QEMU opens, and
+//     the guest kernel refuses writes to a read-only virtio disk even after
+//     `blockdev --setrw` (TestVMImage tries that, a dd over it and a read-write mount,
+//     and checks the file's hash). The guest tells its disks apart by
+//     /sys/block/vdX/serial — the image's says virtx-image, the session disk has none —
+//     not by the order the driver finds them in, mounts the image's erofs read-only at
+//     /mnt/image, and loads the erofs module (and its libcrc32c) only when an image's
+//     disk is there.
+//   - Why one erofs per image, not per layer and not a share of the layers (the way
+//     before: a second virtiofsd with xattrs passed through and CAP_SYS_ADMIN kept for
+//     trusted.overlay.*): one device whatever the layer count (microvm has 24
+//     virtio-mmio slots, four taken), one lower in the guest's overlay instead of N
+//     (every lookup that misses walks them all, under TCG), no second virtiofsd per
+//     boot, and no host directory of the image's reachable from the guest at all. It
+//     costs the image's bytes once more per image (layers shared between images are not
+//     shared between their erofs files) and a build at the first use of an image on this
+//     cache: measured here, 0.5 s for a 206 MB Debian minbase tree (6,768 entries, a
+//     200 MB erofs; page cache warm).
+//   - Why mkfs.erofs and not an erofs writer in Go: there is none to depend on, and
+//     writing one means the whole on-disk format — superblock, compact and extended
+//     inodes, directory blocks with their name-offset tables and sorted entries,
+//     inline tail data, shared and inline xattrs with their prefix table, hard links by
+//     nid, device numbers — thousands of lines whose bugs would be corrupt roots that
+//     the guest kernel only partly checks. mkfs.erofs is the erofs maintainers' own
+//     writer, packaged by Debian 12 (1.5, what the flags above are checked against), and
+//     fsck.erofs checks its output. What a Go writer could add — reading the layer tars
+//     without root and without a mount — gains nothing here: images need root anyway
+//     (the layers' whiteouts and trusted.* marks), the layers are unpacked already,
+//     and the overlay flattens them with the kernel's own semantics. erofs-utils 1.5
+//     has no --tar (1.7 does), hence the overlay mount.
+//   - Measured (BenchmarkVMColdSessionImage: a new server, init, one exec; medians of 5,
+//     alternated with sessions on the host image; three runs before and after, on
+//     this 2-core host with little else running): a cold session on the cached erofs
+//     of the 3-layer test image takes 2137–2200 ms (the host image, same runs:
+//     2028–2189 ms); on the layers' virtiofs share it took 2147–2224 ms (host
+//     2093–2174 ms) — no difference five samples can show. In the guest the erofs
+//     module loads while the session disk is mounted (0.05–0.3 s of guest time under
+//     TCG, on vCPUs the rest of the boot wants too); a kernel with erofs built in has
+//     none of that. The build at an image's first use: ~5 ms for the unit tests'
+//     image, 0.5 s for the 206 MB Debian minbase (above).
+//
 // # Cold start
 //
 // Measured under TCG on this 2-core host (BenchmarkVMColdSession: spawn a server, init,
-// first exec answered; medians of 10): 2.13 s before the changes below, 1.91 s after.
-// Where a boot's time goes now: QEMU's own start ~70 ms; the Debian cloud kernel to
-// /init ~1.0 s of real time (its printk clock runs slow until the TSC is marked stable
-// — compare "sched_clock: Marking stable"); the Go runtime and package init()s of this
-// binary ~120 ms (GODEBUG=inittrace=1 on the kernel command line: 75 ms of init()s,
-// the largest klauspost/compress's snapref 14 ms, go-digest's regexps 12 ms,
-// stripansi 7 ms, all linked in for the image store and the CLI); then modules, the
-// share, the disk, the root and the network ~0.3 s. What was cut:
+// first exec answered; medians of 10): 2.13 s at first, 1.91 s with the command-line
+// and /init changes below on Debian's cloud kernel, 1.38 s on the kernel built for the
+// guest (goal 1.5 s). Where a boot's time goes now, in wall time (a poller on the
+// console log): ~0.1 s from `virtx run` to QEMU's start (server start, the session disk,
+// the share and virtiofsd); ~0.15 s QEMU's own start until the kernel's first line;
+// ~0.55 s the kernel to /init (the guest's printk clock reads ~0.5 s: it runs slow
+// until the TSC is marked stable); ~0.2 s the Go runtime and this binary's package
+// init()s under TCG (GODEBUG=inittrace=1 on the kernel command line: ~80 ms of
+// init()s, the largest klauspost/compress's snapref 14 ms, stripansi 6 ms and
+// go-digest 4 ms, all linked in for the image store and the CLI); ~0.1 s the share,
+// the disk, the root and the network; then the first exec (~45 ms: a fork and exec in
+// the guest under TCG). What was cut:
 //
+//   - The kernel built for the guest (BuildKernel, `virtx setup vm --build-kernel`;
+//     guest-kernel.config says what is in it): every driver built in, so /init loads
+//     no modules; nothing probed that a microvm lacks; struct pages initialised after
+//     SMP (DEFERRED_STRUCT_PAGE_INIT: ~60 ms of a 2 GiB guest); loop devices on demand.
+//     Its initcalls take ~0.28 s under TCG against ~0.52 s for the cloud kernel's, and a
+//     cold session 1.38 s against 2.3 s in the same hour. The cloud kernel stays the
+//     fallback (fetched by every `virtx setup vm`, booted by TestVMKernels).
 //   - lpj= on the command line: the secondary vCPU no longer calibrates its delay loop
 //     (~200 ms under TCG, and the calibration fails there anyway).
 //   - Module signatures are stripped when the initramfs is built (Kernel.
 //     StripSignatures, for the provisioned Debian kernel only): no SHA-512 and RSA
 //     verification per module per boot.
-//   - /init loads modules in the background and mounts the share and the disk as soon
-//     as their drivers are in, and brings the network up while the root is put
+//   - /init loads modules (if any) in the background and mounts the share and the disk
+//     as soon as their drivers are in, and brings the network up while the root is put
 //     together; the NIC's modules load only when there is a NIC (virtx.net).
+//   - The session disk has no journal (~80 ms of jbd2 and journal checks at the mount
+//     under TCG) and is copied from a template formatted once per size (newSessionDisk:
+//     ~2 ms against 25–70 ms of mkfs.ext4 per boot).
+//   - /init runs before the command tree is built (internal/cli's entry points).
 //   - mitigations=off and lsm=landlock,yama,bpf (AppArmor, TOMOYO have no policy here).
 //   - The initramfs is found by a stat-keyed memo of the executable's hash instead of
 //     hashing ~15 MB per cold start.
 //
 // Measured and left: -cpu Nehalem or qemu64 boot ~150 ms faster than max under TCG
-// (4 samples each: ~1.8 s against ~1.95 s for `virtx run -- true`; max,la57=off
-// changes nothing), but they lack AVX/AVX2, and images built for x86-64-v3 need them,
-// so max stays the default (VIRTX_VM_CPU picks another); stripping the guest binary's
-// DWARF (16 → 11 MB initramfs) changes nothing measurable; nor do init_on_alloc=0 or
-// rcupdate.rcu_expedited=1.
-//
-// The ≤ 1.5 s goal is not met under TCG: the kernel's own initcalls (ACPI, inet,
-// inet6, kcompactd, …, ~0.5 s of the ~1 s, none of which a command line can drop
-// safely) and this binary's init()s would need a kernel built for the guest or a
-// separate guest binary; restoring a booted guest from a memory snapshot (-incoming,
-// ~0.11 s measured) is the way under that, left for the snapshot issue.
+// (4 samples each: ~1.8 s against ~1.95 s for `virtx run -- true` on the cloud kernel;
+// max,la57=off changes nothing), but they lack AVX/AVX2, and images built for
+// x86-64-v3 need them, so max stays the default (VIRTX_VM_CPU picks another); turning
+// AVX off for the guest's Go runtime alone (GODEBUG=cpu.avx=off) changes nothing;
+// stripping the guest binary's DWARF (16 → 11 MB initramfs) changes nothing
+// measurable; nor do init_on_alloc=0 or rcupdate.rcu_expedited=1. Under the Go start
+// is a smaller guest binary than this one (the issue asks for the same binary), and
+// under the kernel's ~0.5 s restoring a booted guest from a memory snapshot
+// (-incoming, ~0.11 s measured), left for the snapshot issue.
 //
 // # Acceleration
 //
@@ -157,7 +224,7 @@
 //
 // # Provisioning
 //
-// Everything lives in the cache dir (console.CacheDir): vm/kernel2/<version>/ holds the
+// Everything lives in the cache dir (console.CacheDir): vm/kernel3/<version>/ holds the
 // PVH vmlinux and the guest's modules, vm/guest/ a static virtx when this one is not,
 // vm/initramfs/ the initramfs per guest binary and kernel, vm/run/ the run dirs.
 // `virtx setup vm` provisions it all, and so does the first boot when anything is
@@ -166,7 +233,15 @@
 // bzImage payload is LZ4 in the kernel's legacy framing (decompressed with
 // github.com/pierrec/lz4's block decoder) holding the ELF vmlinux with the PVH entry
 // note; its modules come with their dependencies read from each module's .modinfo
-// (the package ships no modules.dep). $VIRTX_KERNEL overrides the kernel. The guest's
+// (the package ships no modules.dep). `virtx setup vm --build-kernel` also builds the
+// guest's own kernel into vm/kernel-built/ (BuildKernel): Debian's linux-source-X.Y
+// tarball (apt-get installs it, build-essential, flex, bison, libelf-dev and bc when
+// missing and the caller is root), `make allnoconfig` with guest-kernel.config as
+// KCONFIG_ALLCONFIG, a check that every option of the fragment ended up as written,
+// `make vmlinux` (6–7 minutes on 2 loaded cores, once per source version and
+// configuration: the directory is named by the package version and a hash of the
+// fragment), the PVH note checked. Boots prefer it to the fetched kernel; the fetched
+// one stays provisioned as the fallback. $VIRTX_KERNEL overrides both. The guest's
 // /init is this executable when it is static, else a CGO_ENABLED=0 build of
 // virtx.dev/virtx/cmd/virtx (development and tests), cached per executable hash.
 // The initramfs is written by our own newc cpio writer (cpioWriter: the format is 110

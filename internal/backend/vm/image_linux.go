@@ -14,7 +14,8 @@ import (
 
 // images is what the Backend keeps of the image store: the store, opened on the cache
 // dir at first use, and the images resolved for sessions, each leased (its layers kept
-// from the collector) until no session of this server can boot it any more.
+// from the collector) and its erofs disk held open until no session of this server can
+// boot it any more.
 type images struct {
 	once  sync.Once
 	store *store.Store
@@ -27,6 +28,7 @@ type images struct {
 type heldImage struct {
 	spec *backend.Spec
 	im   *store.Image
+	disk *os.File // the image's erofs (imageDisk), read-only
 }
 
 // imageStore opens the store in the cache dir, once.
@@ -39,14 +41,19 @@ func (b *Backend) imageStore(ctx context.Context) (*store.Store, error) {
 }
 
 // admitImage resolves spec's image (pulling a ref the store lacks, building a recipe
-// without RUN steps) and holds it for the session; it answers the session's cwd: the
-// image's working directory, "/" when it sets none.
+// without RUN steps), makes (once per image, for every server of this cache) its erofs
+// disk, and holds both for the session; it answers the session's cwd: the image's
+// working directory, "/" when it sets none.
 func (b *Backend) admitImage(ctx context.Context, spec *backend.Spec) (string, error) {
 	if os.Geteuid() != 0 {
 		return "", fmt.Errorf("%w: image %s: the vm backend runs images only when the server is root: the image store's layers carry trusted.overlay xattrs and 0/0 whiteout devices, which only root writes and reads; run `virtx serve` as root, or leave image out for the host image", backend.ErrUnsupportedImage, spec.Image)
 	}
-	if im := b.heldImage(spec); im != nil {
-		return imageCwd(im), nil
+	if h := b.heldImage(spec); h != nil {
+		return imageCwd(h.im), nil
+	}
+	mkfs, err := findMkfsErofs()
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", spec.Image, err)
 	}
 	s, err := b.imageStore(ctx)
 	if err != nil {
@@ -59,19 +66,25 @@ func (b *Backend) admitImage(ctx context.Context, spec *backend.Spec) (string, e
 		}
 		return "", fmt.Errorf("image %s: %w", spec.Image, err)
 	}
+	disk, err := b.imageDisk(ctx, s, im, mkfs)
+	if err != nil {
+		im.Release()
+		return "", fmt.Errorf("image %s: %w", spec.Image, err)
+	}
 	b.imgs.mu.Lock()
-	b.imgs.held = append(b.imgs.held, heldImage{spec, im})
+	b.imgs.held = append(b.imgs.held, heldImage{spec, im, disk})
 	b.imgs.mu.Unlock()
 	return imageCwd(im), nil
 }
 
 // heldImage is the image resolved for spec, nil if none.
-func (b *Backend) heldImage(spec *backend.Spec) *store.Image {
+func (b *Backend) heldImage(spec *backend.Spec) *heldImage {
 	b.imgs.mu.Lock()
 	defer b.imgs.mu.Unlock()
-	for _, h := range b.imgs.held {
-		if h.spec == spec {
-			return h.im
+	for i := range b.imgs.held {
+		if b.imgs.held[i].spec == spec {
+			h := b.imgs.held[i]
+			return &h
 		}
 	}
 	return nil
@@ -92,6 +105,7 @@ next:
 			}
 		}
 		h.im.Release()
+		h.disk.Close()
 	}
 	b.imgs.held = held
 }

@@ -28,7 +28,7 @@ const kernelPackage = "linux-image-cloud-amd64"
 // makes it at install time, and we never install the package).
 var guestModules = []string{
 	"virtio_mmio", "virtio_console", "virtio_blk", "virtio_net",
-	"fuse", "virtiofs", "overlay",
+	"fuse", "virtiofs", "overlay", "erofs",
 }
 
 // Kernel is a provisioned guest kernel: the PVH-bootable ELF vmlinux and the modules the
@@ -48,17 +48,21 @@ type Kernel struct {
 }
 
 // kernelLayout is the version of the cache's kernel layout; a change re-extracts.
-const kernelLayout = "2"
+const kernelLayout = "3"
 
 // kernelDir is where provisioned kernels live in the cache.
 func kernelDir(cache string) string { return filepath.Join(cache, "vm", "kernel"+kernelLayout) }
 
-// ProvisionKernel finds the guest kernel: $VIRTX_KERNEL when set, else the one in the
+// ProvisionKernel finds the guest kernel: $VIRTX_KERNEL when set, else the kernel
+// built for the guest (BuildKernel) when the cache has one, else the fetched one in the
 // cache, else (when fetch is true) it downloads the Debian cloud kernel package with
 // apt-get and extracts it into the cache. The answer is cached: a second call is a stat.
 func ProvisionKernel(ctx context.Context, cache string, fetch bool, log func(string, ...any)) (*Kernel, error) {
 	if k := os.Getenv("VIRTX_KERNEL"); k != "" {
 		return kernelFromEnv(cache, k)
+	}
+	if k, err := builtKernel(cache); err == nil {
+		return k, nil
 	}
 	if k, err := cachedKernel(cache); err == nil {
 		return k, nil
@@ -232,11 +236,25 @@ func fetchKernel(ctx context.Context, cache string, log func(string, ...any)) (*
 	if err := writeFileAtomic(filepath.Join(kernelDir(cache), "current"), []byte(version+"\n")); err != nil {
 		return nil, fmt.Errorf("%w: %v", backend.ErrBootFailed, err)
 	}
+	pruneKernelLayouts(cache)
 	k, err := readKernelDir(final)
 	if k != nil {
 		k.StripSignatures = true
 	}
 	return k, err
+}
+
+// pruneKernelLayouts removes the fetched kernels of earlier cache layouts
+// (vm/kernel, vm/kernel2, …): a layout change fetches anew, and the old ones are
+// nobody's.
+func pruneKernelLayouts(cache string) {
+	dirs, _ := filepath.Glob(filepath.Join(cache, "vm", "kernel*"))
+	for _, d := range dirs {
+		name := filepath.Base(d)
+		if rest := strings.TrimPrefix(name, "kernel"); rest != kernelLayout && strings.Trim(rest, "0123456789") == "" {
+			os.RemoveAll(d)
+		}
+	}
 }
 
 // moduleSigMagic ends a signed module: the signature, then struct module_signature

@@ -47,9 +47,10 @@ type shareSpec struct {
 	trees    []shareTree
 	config   *guest.Config
 	snapshot []byte
-	// image is the empty directory the image share goes over, layers the image's
-	// layer directories (top first); "" and nil on the host image.
-	image  string
+	// image says the session is on an OCI image, whose root is its erofs disk (not the
+	// share's business) under base/; layers are the image's layer directories (top
+	// first), read only for the attributes of what base/ puts over them.
+	image  bool
 	layers []string
 }
 
@@ -68,7 +69,7 @@ func buildShare(s *shareSpec) error {
 	if err := os.Mkdir(base, 0o755); err != nil {
 		return err
 	}
-	if s.image != "" {
+	if s.image {
 		return buildImageShare(s, base)
 	}
 	if err := hostImage(base); err != nil {
@@ -158,10 +159,9 @@ func etcFiles(etc, hostname string, hosts []byte, resolv string) error {
 var imageMountPoints = []string{"proc", "sys", "dev", "run"}
 
 // buildImageShare fills an image session's share: base/ is only the top lower over
-// the image's layers — the mount points and the /etc files a session is given (hosts,
-// hostname, and resolv.conf when it has a network, as docker gives them) — and the
-// image share is a second read-only tmpfs with each layer bound read-only at 0 (the
-// top) … N-1, served by a virtiofsd of its own.
+// the image (its erofs disk, which the guest stacks under it) — the mount points and
+// the /etc files a session is given (hosts, hostname, and resolv.conf when it has a
+// network, as docker gives them).
 func buildImageShare(s *shareSpec, base string) error {
 	for _, d := range imageMountPoints {
 		if err := mkdirLike(s.layers, base, d); err != nil {
@@ -183,21 +183,7 @@ func buildImageShare(s *shareSpec, base string) error {
 			return err
 		}
 	}
-	if err := finishShare(s); err != nil {
-		return err
-	}
-	if err := unix.Mount("tmpfs", s.image, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
-		return fmt.Errorf("mount tmpfs on %s: %w", s.image, err)
-	}
-	for i, l := range s.layers {
-		if err := bindRO(l, filepath.Join(s.image, fmt.Sprint(i)), true); err != nil {
-			return fmt.Errorf("image layer %s: %w", l, err)
-		}
-	}
-	if err := unix.Mount("", s.image, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
-		return fmt.Errorf("remount the image share read-only: %w", err)
-	}
-	return nil
+	return finishShare(s)
 }
 
 // topEntry is what the image's topmost layer that has name holds there.

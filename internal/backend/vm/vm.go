@@ -32,3 +32,11 @@ func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
 // WithoutFetch makes a missing kernel a BOOT_FAILED naming `virtx setup vm` instead of
 // fetching it on first use.
 func WithoutFetch() Option { return func(b *Backend) { b.fetch = false } }
+
+// SetupOptions are what `virtx setup vm` is asked for beyond the defaults.
+type SetupOptions struct {
+	// BuildKernel builds the guest kernel from Debian's kernel source with the
+	// configuration made for the guest (minutes, once), which boots several times
+	// faster under TCG than the fetched cloud kernel; later boots prefer it.
+	BuildKernel bool
+}

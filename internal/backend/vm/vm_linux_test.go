@@ -238,7 +238,7 @@ func TestQEMUArgs(t *testing.T) {
 	for _, want := range []string{
 		"-smp 1", "-m 768M", "memory-backend-memfd,id=mem,size=768M,share=on", "-accel tcg",
 		"tap,id=net,ifname=tap0,script=no,downscript=no", "virtio-net-device,netdev=net",
-		"vhost-user-fs-device,chardev=img,tag=virtx-img",
+		"-drive file=/dev/fd/4,format=raw,if=none,readonly=on,id=image", "virtio-blk-device,drive=image,serial=virtx-image",
 		"virtio-mmio.force-legacy=false", "tsc=reliable", "no_timer_check", "-no-reboot",
 	} {
 		if !strings.Contains(line, want) {
@@ -250,8 +250,8 @@ func TestQEMUArgs(t *testing.T) {
 	}
 	args, _ = b.qemuArgs(&backend.Spec{}, a, "/run/x", "tcg", false)
 	line = strings.Join(args, " ")
-	if strings.Contains(line, "netdev") || strings.Contains(line, "virtio-net") || strings.Contains(line, "virtx-img") {
-		t.Fatalf("network off still has a NIC, or the host image an image share: %s", line)
+	if strings.Contains(line, "netdev") || strings.Contains(line, "virtio-net") || strings.Contains(line, "virtx-image") {
+		t.Fatalf("network off still has a NIC, or the host image an image disk: %s", line)
 	}
 	if !strings.Contains(line, fmt.Sprintf("-smp %d", DefaultVCPUs)) || !strings.Contains(line, fmt.Sprintf("-m %dM", DefaultMemoryMiB)) {
 		t.Fatalf("defaults: %s", line)
@@ -318,10 +318,13 @@ func must[T any](v T, err error) T {
 // imageRefusal is the vm backend's answer to an image the store lacks: unknown as root,
 // unsupported otherwise (the store's layers need root).
 func imageRefusal() error {
-	if os.Geteuid() == 0 {
-		return backend.ErrUnknownImage
+	if os.Geteuid() != 0 {
+		return backend.ErrUnsupportedImage
 	}
-	return backend.ErrUnsupportedImage
+	if _, err := exec.LookPath("mkfs.erofs"); err != nil {
+		return backend.ErrBootFailed // asked before the store: apt-get install erofs-utils
+	}
+	return backend.ErrUnknownImage
 }
 
 func TestStripSignature(t *testing.T) {

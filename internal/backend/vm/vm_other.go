@@ -46,6 +46,6 @@ func FindQEMU() (string, string, error) {
 }
 
 // Setup is unsupported off Linux.
-func Setup(ctx context.Context, cache string, w io.Writer) error {
+func Setup(ctx context.Context, cache string, w io.Writer, opts SetupOptions) error {
 	return fmt.Errorf("the vm backend is unsupported on %s", runtime.GOOS)
 }
