@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"virtx.dev/virtx/console"
+	"virtx.dev/virtx/internal/backend/vm"
 	"virtx.dev/virtx/internal/hostcheck"
 )
 
@@ -15,6 +17,22 @@ func init() { extraCommands = append(extraCommands, newDoctor) }
 // doctorHost is the host doctor checks (tests substitute a fake one).
 var doctorHost = hostcheck.Local
 
+// vmKernelCheck says which guest kernel the vm backend would boot, from the cache.
+func vmKernelCheck() hostcheck.Result {
+	r := hostcheck.Result{Name: "vm kernel", Need: hostcheck.NeedVM, Status: hostcheck.OK}
+	cache, err := console.CacheDir()
+	if err != nil {
+		r.Status, r.Detail, r.Fix = hostcheck.Missing, err.Error(), "set VIRTX_HOME to a writable directory"
+		return r
+	}
+	var ok bool
+	r.Detail, ok, r.Fix = vm.KernelStatus(cache)
+	if !ok {
+		r.Status = hostcheck.Missing
+	}
+	return r
+}
+
 func newDoctor() *cobra.Command {
 	var strict, asJSON bool
 	cmd := &cobra.Command{
@@ -22,7 +40,7 @@ func newDoctor() *cobra.Command {
 		Short: "Print what this host supports for virtx's backends, and how to fix what is missing",
 		Long: `Check what this host offers virtx's boundaries: namespaces and user namespaces,
 cgroups (version, controllers, whether this user may write them), overlayfs, FUSE, erofs,
-pasta/slirp4netns, bwrap, KVM, QEMU and the cache directory. Each line is OK or MISSING;
+pasta/slirp4netns, bwrap, KVM, QEMU, the vm backend's guest kernel and the cache directory. Each line is OK or MISSING;
 under a MISSING one is the exact fix (a Debian package, a sysctl, a command).
 
 KVM is checked without booting a guest (/dev/kvm, the CPU's vmx/svm flags, KVM_CREATE_VM):
@@ -33,7 +51,7 @@ backend auto uses wherever hardware virtualisation does not work).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			h := doctorHost()
-			rs := h.All()
+			rs := append(h.All(), vmKernelCheck())
 			out := cmd.OutOrStdout()
 			if asJSON {
 				enc := json.NewEncoder(out)

@@ -87,10 +87,16 @@ func TestProvisionPrefersBuiltKernel(t *testing.T) {
 	if err != nil || k.Version != filepath.Base(fetched) || len(k.Modules) != 1 || !k.StripSignatures {
 		t.Fatalf("without a built kernel: %+v, %v", k, err)
 	}
+	if d, ok, _ := KernelStatus(cache); !ok || !strings.Contains(d, "cloud kernel "+filepath.Base(fetched)) {
+		t.Errorf("KernelStatus without a built kernel: %q %v", d, ok)
+	}
 	os.WriteFile(filepath.Join(builtKernelDir(cache), builtPointer), []byte(filepath.Base(built)+"\n"), 0o644)
 	k, err = ProvisionKernel(context.Background(), cache, false, noop)
 	if err != nil || k.Version != filepath.Base(built) || len(k.Modules) != 0 {
 		t.Fatalf("with a built kernel: %+v, %v", k, err)
+	}
+	if d, ok, _ := KernelStatus(cache); !ok || !strings.Contains(d, "built for the guest: "+filepath.Base(built)) {
+		t.Errorf("KernelStatus with a built kernel: %q %v", d, ok)
 	}
 	// A pointer to a kernel that is gone falls back to the fetched one.
 	os.RemoveAll(built)

@@ -49,3 +49,8 @@ func FindQEMU() (string, string, error) {
 func Setup(ctx context.Context, cache string, w io.Writer, opts SetupOptions) error {
 	return fmt.Errorf("the vm backend is unsupported on %s", runtime.GOOS)
 }
+
+// KernelStatus: the vm backend is unsupported off Linux.
+func KernelStatus(cache string) (string, bool, string) {
+	return "the vm backend is unsupported on " + runtime.GOOS, false, ""
+}
