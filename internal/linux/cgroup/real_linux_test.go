@@ -201,18 +201,7 @@ func TestRealPidsLimitStopsForkBomb(t *testing.T) {
 	} else {
 		pidsDir = filepath.Join(s.layout().v1["pids"], parentName, g.dirName)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n, err := keyed(filepath.Join(pidsDir, "pids.events"), "max")
-		must(t, err)
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the bomb never hit the pids limit in 5 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitPidsMax(t, pidsDir)
 	// The host can still fork while the bomb presses against its limit.
 	for i := range 5 {
 		if out, err := exec.Command("/bin/true").CombinedOutput(); err != nil {
@@ -420,5 +409,21 @@ func TestRealRootlessDetect(t *testing.T) {
 		}
 	default:
 		t.Errorf("Version = %d", info.Version)
+	}
+}
+
+// waitPidsMax waits (5 s at most) until the pids group in dir has refused a fork.
+func waitPidsMax(t *testing.T, dir string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		n, err := keyed(filepath.Join(dir, "pids.events"), "max")
+		must(t, err)
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the bomb never hit the pids limit in 5 s")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -255,17 +255,7 @@ func TestRealStartProcessForkBomb(t *testing.T) {
 	if !g.v2limits {
 		pidsDir = filepath.Join(s.layout().v1["pids"], parentName, g.dirName)
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		n, err := keyed(filepath.Join(pidsDir, "pids.events"), "max")
-		must(t, err)
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the bomb never hit the pids limit in 5 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitPidsMax(t, pidsDir)
 	cur, err := readFile(filepath.Join(pidsDir, "pids.current"))
 	must(t, err)
 	if n, _ := strconv.Atoi(strings.TrimSpace(cur)); n > limit {
