@@ -27,6 +27,9 @@ func Main(args []string) int {
 	case name == "init" && len(args) == 1 && os.Getpid() == 1:
 		args = append(args, "__guest-init") // /init of a VM guest's initramfs
 	}
+	// Packages that log through slog's default logger (cgroup, sandbox) log as this
+	// process's logger does: to stderr, at $VIRTX_LOG's level (warn by default).
+	slog.SetDefault(logger(""))
 	var err error
 	if entry, ok := entryPoints[argAt(args, 1)]; ok {
 		err = entry(args[2:])

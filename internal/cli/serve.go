@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"sort"
@@ -94,6 +95,7 @@ strongest boundary this host supports.`,
 				return err
 			}
 			log := logger(logLevel)
+			slog.SetDefault(log)
 			srv := server.New(b, server.WithLogger(log))
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()

@@ -323,10 +323,13 @@ func TestSandboxRealTimeServer(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("setting a real-time policy needs root")
 	}
-	out, err := exec.Command("chrt", "-f", "10", virtxBin, "run", "--backend", "sandbox", "--network=false", "--",
-		"sh", "-c", "cat /proc/self/sched | grep '^policy'").CombinedOutput()
+	cmd := exec.Command("chrt", "-f", "10", virtxBin, "run", "--backend", "sandbox", "--network=false", "--",
+		"sh", "-c", "cat /proc/self/sched | grep '^policy'")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("under chrt -f 10: %v: %s", err, out)
+		t.Fatalf("under chrt -f 10: %v: %s%s", err, out, stderr.String())
 	}
 	if f := strings.Fields(string(out)); len(f) != 3 || f[2] != "0" {
 		t.Fatalf("the session's policy: %q, want 0 (SCHED_NORMAL)", out)
