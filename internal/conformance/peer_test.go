@@ -188,7 +188,9 @@ func (p *peer) recvFrame(timeout time.Duration) ([]byte, error) {
 
 func (p *peer) recv() *protocol.Message {
 	p.t.Helper()
-	f, err := p.recvFrame(60 * time.Second)
+	// Longer than the vm backend's BootTimeout (60 s), so that a boot that hangs shows
+	// as the server's BOOT_FAILED, with the tail of the guest's console, not as silence.
+	f, err := p.recvFrame(90 * time.Second)
 	if err != nil {
 		p.t.Fatalf("reading a frame: %v; stderr:\n%s", err, p.stderr)
 	}
