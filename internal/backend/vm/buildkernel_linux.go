@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	_ "embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -38,10 +37,6 @@ const sourcePackage = "linux-source"
 // for the timeconst header.
 var buildPackages = []string{"build-essential", "flex", "bison", "libelf-dev", "bc", "xz-utils"}
 
-// builtPointer names, in builtKernelDir, the built kernel to prefer over the fetched
-// one.
-const builtPointer = "current"
-
 // builtKernelDir is where built kernels live in the cache: apart from the fetched ones,
 // whose layout version (kernelLayout) changes with the modules a guest needs, so that
 // such a change never costs a rebuild.
@@ -61,7 +56,7 @@ func BuildKernel(ctx context.Context, cache string, log func(string, ...any)) (*
 	name := builtKernelName(version)
 	final := filepath.Join(builtKernelDir(cache), name)
 	if k, err := readKernelDir(final); err == nil {
-		return k, writeFileAtomic(filepath.Join(builtKernelDir(cache), builtPointer), []byte(name+"\n"))
+		return k, setCurrent(builtKernelDir(cache), name)
 	}
 	if err := os.MkdirAll(builtKernelDir(cache), 0o755); err != nil {
 		return nil, fmt.Errorf("%w: %v", backend.ErrBootFailed, err)
@@ -125,7 +120,7 @@ func BuildKernel(ctx context.Context, cache string, log func(string, ...any)) (*
 	if err := os.Rename(out, final); err != nil {
 		return nil, fmt.Errorf("%w: %v", backend.ErrBootFailed, err)
 	}
-	if err := writeFileAtomic(filepath.Join(builtKernelDir(cache), builtPointer), []byte(name+"\n")); err != nil {
+	if err := setCurrent(builtKernelDir(cache), name); err != nil {
 		return nil, fmt.Errorf("%w: %v", backend.ErrBootFailed, err)
 	}
 	// Kernels built before from another source or configuration are nobody's now.
@@ -297,17 +292,8 @@ func missingConfig(fragment, config string) []string {
 	return missing
 }
 
-// errNoBuiltKernel: the cache has no built kernel.
-var errNoBuiltKernel = errors.New("no built guest kernel: `virtx setup vm --build-kernel` builds one")
-
-// builtKernel reads the kernel the cache's "built" pointer names.
-func builtKernel(cache string) (*Kernel, error) {
-	name, err := os.ReadFile(filepath.Join(builtKernelDir(cache), builtPointer))
-	if err != nil {
-		return nil, errNoBuiltKernel
-	}
-	return readKernelDir(filepath.Join(builtKernelDir(cache), strings.TrimSpace(string(name))))
-}
+// builtKernel reads the built kernel in use (the one to prefer over the fetched one).
+func builtKernel(cache string) (*Kernel, error) { return currentKernel(builtKernelDir(cache)) }
 
 // KernelStatus says which guest kernel a boot would take from cache ($VIRTX_KERNEL, the
 // built one, the fetched one), for `virtx doctor`: ok false when there is none yet, with

@@ -80,7 +80,7 @@ func TestProvisionPrefersBuiltKernel(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(fetched, "modules", "order.txt"), []byte("virtio_mmio.ko\n"), 0o644)
 	os.WriteFile(filepath.Join(built, "modules", "order.txt"), nil, 0o644)
-	os.WriteFile(filepath.Join(kd, "current"), []byte(filepath.Base(fetched)+"\n"), 0o644)
+	os.WriteFile(filepath.Join(kd, currentFile), []byte(filepath.Base(fetched)+"\n"), 0o644)
 	noop := func(string, ...any) {}
 
 	k, err := ProvisionKernel(context.Background(), cache, false, noop)
@@ -90,7 +90,7 @@ func TestProvisionPrefersBuiltKernel(t *testing.T) {
 	if d, ok, _ := KernelStatus(cache); !ok || !strings.Contains(d, "cloud kernel "+filepath.Base(fetched)) {
 		t.Errorf("KernelStatus without a built kernel: %q %v", d, ok)
 	}
-	os.WriteFile(filepath.Join(builtKernelDir(cache), builtPointer), []byte(filepath.Base(built)+"\n"), 0o644)
+	os.WriteFile(filepath.Join(builtKernelDir(cache), currentFile), []byte(filepath.Base(built)+"\n"), 0o644)
 	k, err = ProvisionKernel(context.Background(), cache, false, noop)
 	if err != nil || k.Version != filepath.Base(built) || len(k.Modules) != 0 {
 		t.Fatalf("with a built kernel: %+v, %v", k, err)

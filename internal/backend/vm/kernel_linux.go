@@ -73,13 +73,26 @@ func ProvisionKernel(ctx context.Context, cache string, fetch bool, log func(str
 	return fetchKernel(ctx, cache, log)
 }
 
-// cachedKernel reads the kernel the cache's "current" file names.
-func cachedKernel(cache string) (*Kernel, error) {
-	cur, err := os.ReadFile(filepath.Join(kernelDir(cache), "current"))
+// currentFile names, in a directory of kernels, the one in use.
+const currentFile = "current"
+
+// currentKernel reads the kernel that dir's currentFile names.
+func currentKernel(dir string) (*Kernel, error) {
+	cur, err := os.ReadFile(filepath.Join(dir, currentFile))
 	if err != nil {
 		return nil, err
 	}
-	k, err := readKernelDir(filepath.Join(kernelDir(cache), strings.TrimSpace(string(cur))))
+	return readKernelDir(filepath.Join(dir, strings.TrimSpace(string(cur))))
+}
+
+// setCurrent makes name the kernel in use in dir.
+func setCurrent(dir, name string) error {
+	return writeFileAtomic(filepath.Join(dir, currentFile), []byte(name+"\n"))
+}
+
+// cachedKernel reads the fetched kernel in use.
+func cachedKernel(cache string) (*Kernel, error) {
+	k, err := currentKernel(kernelDir(cache))
 	if k != nil {
 		k.StripSignatures = true
 	}
@@ -233,7 +246,7 @@ func fetchKernel(ctx context.Context, cache string, log func(string, ...any)) (*
 	if err := os.Rename(out, final); err != nil {
 		return nil, fmt.Errorf("%w: %v", backend.ErrBootFailed, err)
 	}
-	if err := writeFileAtomic(filepath.Join(kernelDir(cache), "current"), []byte(version+"\n")); err != nil {
+	if err := setCurrent(kernelDir(cache), version); err != nil {
 		return nil, fmt.Errorf("%w: %v", backend.ErrBootFailed, err)
 	}
 	pruneKernelLayouts(cache)
