@@ -283,6 +283,18 @@ func countAccepts(ln net.Listener) *atomic.Int64 {
 }
 
 // echoOnce checks a connection echoes what it is sent.
+// dialEcho connects from inside the namespace ns to addr, has one message echoed, and
+// hangs up.
+func dialEcho(t testing.TB, ns, network, addr string) {
+	t.Helper()
+	c, err := DialInNetns(context.Background(), ns, network, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	echoOnce(t, c)
+}
+
 func echoOnce(t testing.TB, c net.Conn) {
 	t.Helper()
 	c.SetDeadline(time.Now().Add(5 * time.Second))

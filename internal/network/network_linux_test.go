@@ -43,34 +43,17 @@ func TestSetupLoopbackThenDialInNetns(t *testing.T) {
 	if got := g.links(t); !slices.Equal(got, []string{"lo"}) {
 		t.Fatalf("links in a fresh namespace: %v, want [lo]", got)
 	}
-	ctx := context.Background()
-
-	c, err := DialInNetns(ctx, g.path, "tcp", fmt.Sprintf("127.0.0.1:%d", g.loPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	echoOnce(t, c)
-	c.Close()
+	dialEcho(t, g.path, "tcp", fmt.Sprintf("127.0.0.1:%d", g.loPort))
 
 	// A service bound to 0.0.0.0 inside is reached through 127.0.0.1 too.
 	any := g.listen(t, "tcp", "0.0.0.0:0")
 	go serveEcho(any)
-	c, err = DialInNetns(ctx, g.path, "tcp4", fmt.Sprintf("127.0.0.1:%d", any.Addr().(*net.TCPAddr).Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	echoOnce(t, c)
-	c.Close()
+	dialEcho(t, g.path, "tcp4", fmt.Sprintf("127.0.0.1:%d", any.Addr().(*net.TCPAddr).Port))
 
 	// IPv6 loopback came up with lo as well.
 	six := g.listen(t, "tcp6", "[::1]:0")
 	go serveEcho(six)
-	c, err = DialInNetns(ctx, g.path, "tcp", fmt.Sprintf("[::1]:%d", six.Addr().(*net.TCPAddr).Port))
-	if err != nil {
-		t.Fatal(err)
-	}
-	echoOnce(t, c)
-	c.Close()
+	dialEcho(t, g.path, "tcp", fmt.Sprintf("[::1]:%d", six.Addr().(*net.TCPAddr).Port))
 
 	// The calling goroutine's thread is back in the host namespace.
 	self, _ := nsOf("/proc/self/ns/net")
@@ -233,12 +216,7 @@ func TestStartOutboundThroughFakeHost(t *testing.T) {
 			ctx := context.Background()
 
 			// Outbound TCP reaches the remote through the helper.
-			c, err := DialInNetns(ctx, g.path, "tcp", netip.AddrPortFrom(fakeRemoteAddr, uint16(remotePort)).String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			echoOnce(t, c)
-			c.Close()
+			dialEcho(t, g.path, "tcp", netip.AddrPortFrom(fakeRemoteAddr, uint16(remotePort)).String())
 
 			// DNS sent where DNS() says reaches the host's resolver (here the remote's).
 			if dns := u.DNS(); len(dns) != 1 {
