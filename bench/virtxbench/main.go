@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"virtx.dev/virtx/console"
+	"virtx.dev/virtx/internal/linux"
 )
 
 type result struct {
@@ -258,7 +259,9 @@ func idleSessions(ctx context.Context, server []string, n int) idleRSS {
 			return out
 		}
 	}
-	time.Sleep(2 * time.Second) // idle: let the runtimes settle
+	// Idle: the runtimes settle, and server and init, with nothing to do for
+	// linux.IdleTrimAfter, hand back their pages of the binary (linux.TrimWhenIdle).
+	time.Sleep(linux.IdleTrimAfter + 2*time.Second)
 	runtime.GC()
 	me := os.Getpid()
 	for _, srv := range children(me) {

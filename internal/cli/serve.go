@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"virtx.dev/virtx/internal/backend"
+	"virtx.dev/virtx/internal/linux"
 	"virtx.dev/virtx/internal/server"
 )
 
@@ -116,8 +117,11 @@ strongest boundary this host supports.`,
 			}
 			growPipe(os.Stdin)
 			growPipe(os.Stdout)
+			// Waiting for its client, the server holds little more than its heap.
+			trim := linux.NewIdleTrimmer(linux.IdleTrimAfter)
+			defer trim.Stop()
 			log.Debug("serving", "backend", b.Name())
-			return srv.Serve(ctx, os.Stdin, os.Stdout)
+			return srv.Serve(ctx, trim.Reader(os.Stdin), os.Stdout)
 		},
 	}
 	cmd.Flags().StringVar(&backendName, "backend", "auto", "where commands run: "+strings.Join(backendNames(), ", "))

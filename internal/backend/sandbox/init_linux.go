@@ -586,6 +586,9 @@ func serve(log *slog.Logger, conn io.ReadWriter, s2 stage2) error {
 	} else {
 		log.Warn("no port dialing", "err", err)
 	}
+	// Between requests, init holds little more than its heap.
+	trim := linux.NewIdleTrimmer(linux.IdleTrimAfter)
+	defer trim.Stop()
 	// Commands are started from the relay's goroutine (executor.Exec runs in it): its
 	// thread's bounding set is what they start with.
 	served := make(chan error, 1)
@@ -595,7 +598,10 @@ func serve(log *slog.Logger, conn io.ReadWriter, s2 stage2) error {
 			served <- err
 			return
 		}
-		served <- relay.Serve(context.Background(), conn, ex, snapshot)
+		served <- relay.Serve(context.Background(), struct {
+			io.Reader
+			io.Writer
+		}{trim.Reader(conn), conn}, ex, snapshot)
 	}()
 	err = <-served
 	ex.KillAll()
