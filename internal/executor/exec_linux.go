@@ -282,7 +282,11 @@ func (e *Executor) run(ctx context.Context, req ExecRequest, cwd string) (ExecRe
 	}
 
 	e.mu.Lock()
-	err = cmd.Start()
+	if e.cfg.StartOn != nil {
+		err = e.cfg.StartOn(cmd.Start)
+	} else {
+		err = cmd.Start()
+	}
 	var id procID
 	if err == nil {
 		// The child is ours and unreaped (os/exec has not waited yet), so

@@ -45,6 +45,13 @@ type Config struct {
 	// whole process and cannot be undone: servers set it, tests that share
 	// the process must not. See the package documentation.
 	Subreaper bool
+
+	// StartOn, when set, is handed each command's start (the fork and exec) to run and
+	// return its error: the sandbox's PID 1 runs it on the one thread whose capability
+	// bounding set commands are to inherit (a bounding set belongs to a thread, and a
+	// child starts with the forking thread's). Nil: a command starts from the goroutine
+	// that runs Exec.
+	StartOn func(start func() error) error
 }
 
 // ExecRequest is one command to run.

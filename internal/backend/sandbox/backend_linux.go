@@ -223,6 +223,9 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 	if err == nil {
 		err = m.netUp(ctx)
 	}
+	if m.group != nil {
+		waitReaper() // started beside the group; before the session runs anything
+	}
 	if err != nil {
 		m.Shutdown(ctx)
 		if newUpper != nil {

@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -65,6 +66,9 @@ func RunInit(args []string) error {
 	// Descriptors the server inherited from its own parent without close-on-exec came
 	// along: none of them is the sandbox's business.
 	unix.CloseRange(5, ^uint(0), 0)
+	// What serving needs and the root filesystem does not, made while init builds it.
+	ignoreSignals(log)
+	starts := newStarter()
 	// fds 3 and 4 stay open (close-on-exec, so no command inherits them) for
 	// serveConfined's execve; this process talks through duplicates.
 	unix.CloseOnExec(3)
@@ -120,7 +124,7 @@ func RunInit(args []string) error {
 		return err
 	}
 	s2 := stage2{Upper: upper, Env: cfg.Env, ReadOnly: cfg.ReadOnly}
-	return serveConfined(log, conn, s2)
+	return serveConfined(log, conn, s2, starts)
 }
 
 func initLogger() *slog.Logger {
@@ -140,6 +144,7 @@ func (m *mountFailure) Unwrap() error { return m.err }
 // setup builds the sandbox's root filesystem and everything else a boot sets up inside
 // the namespaces, and returns the descriptor of the session's upper filesystem.
 func setup(cfg *bootConfig, snapshot []byte, given int) (int, error) {
+	names := setNames(cfg)
 	if err := linux.MakeRPrivate("/"); err != nil {
 		return -1, err
 	}
@@ -244,18 +249,28 @@ func setup(cfg *bootConfig, snapshot []byte, given int) (int, error) {
 	if err := makeWorkdir(cfg.Workdir); err != nil {
 		return -1, err
 	}
-	if err := linux.SetHostname(Hostname); err != nil {
+	if err := <-names; err != nil {
 		return -1, err
-	}
-	if err := loopbackUp(); err != nil {
-		return -1, err
-	}
-	if cfg.LoopbackOnly {
-		if err := checkLoopbackOnly(); err != nil {
-			return -1, err
-		}
 	}
 	return upper, nil
+}
+
+// setNames gives the sandbox's UTS and network namespaces what they hold: the host name,
+// and loopback up (and, for network false, checks that lo is all there is). Neither
+// touches the mounts, so it goes on beside them.
+func setNames(cfg *bootConfig) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		err := linux.SetHostname(Hostname)
+		if err == nil {
+			err = loopbackUp()
+		}
+		if err == nil && cfg.LoopbackOnly {
+			err = checkLoopbackOnly()
+		}
+		done <- err
+	}()
+	return done
 }
 
 // upperFS makes the session's upper filesystem (a size-limited tmpfs that is mounted
@@ -506,10 +521,10 @@ func loopbackUp() error {
 // every thread (no cgo) one call reaches them all (and serve confines the bounding set of
 // the thread commands are started from); otherwise the calling thread is confined and
 // executes this program again, so every thread of the serving stage starts confined.
-func serveConfined(log *slog.Logger, conn *net.UnixConn, s2 stage2) error {
+func serveConfined(log *slog.Logger, conn *net.UnixConn, s2 stage2, starts *starter) error {
 	err := linux.LimitProcessCaps(defaultCaps)
 	if err == nil {
-		return serve(log, conn, s2)
+		return serve(log, conn, s2, starts)
 	}
 	if !errors.Is(err, linux.ErrThreadsUnsupported) {
 		return fmt.Errorf("sandbox init: %w", err)
@@ -550,26 +565,23 @@ func serveStage2(log *slog.Logger) error {
 	for _, fd := range []int{3, 4, s2.Upper} {
 		unix.CloseOnExec(fd)
 	}
-	return serve(log, os.NewFile(3, "relay"), s2)
+	ignoreSignals(log)
+	return serve(log, os.NewFile(3, "relay"), s2, newStarter())
 }
 
 // serve is the session's executor, as PID 1: it reaps what is orphaned to it, ignores
 // the signals a command may send it, and answers the relay until the server closes it.
 // Its memory and descriptors are out of the commands' reach (not dumpable, and they hold
 // no CAP_SYS_PTRACE).
-func serve(log *slog.Logger, conn io.ReadWriter, s2 stage2) error {
+func serve(log *slog.Logger, conn io.ReadWriter, s2 stage2, starts *starter) error {
 	if err := linux.SetDumpable(false); err != nil {
 		return err
 	}
-	sigs := make(chan os.Signal, 8)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
-	go func() {
-		for s := range sigs {
-			log.Debug("ignored a signal", "signal", s)
-		}
-	}()
 	go prewarmThreads(initThreads, prewarmAfter)
-	ex, err := executor.New(executor.Config{Env: s2.Env, ReadOnly: s2.ReadOnly, Subreaper: true})
+	if err := starts.wait(); err != nil {
+		return err
+	}
+	ex, err := executor.New(executor.Config{Env: s2.Env, ReadOnly: s2.ReadOnly, Subreaper: true, StartOn: starts.start})
 	if err != nil {
 		return err
 	}
@@ -589,27 +601,77 @@ func serve(log *slog.Logger, conn io.ReadWriter, s2 stage2) error {
 	// Between requests, init holds little more than its heap.
 	trim := linux.NewIdleTrimmer(linux.IdleTrimAfter)
 	defer trim.Stop()
-	// Commands are started from the relay's goroutine (executor.Exec runs in it): its
-	// thread's bounding set is what they start with.
-	served := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := linux.LimitThreadCaps(defaultCaps); err != nil {
-			served <- err
-			return
-		}
-		served <- relay.Serve(context.Background(), struct {
-			io.Reader
-			io.Writer
-		}{trim.Reader(conn), conn}, ex, snapshot)
-	}()
-	err = <-served
+	err = relay.Serve(context.Background(), struct {
+		io.Reader
+		io.Writer
+	}{trim.Reader(conn), conn}, ex, snapshot)
 	ex.KillAll()
 	if err != nil {
 		log.Debug("relay ended", "err", err)
 	}
 	os.Exit(0) // PID 1 leaving ends the PID namespace: the kernel kills what is left
 	return nil
+}
+
+// ignoreSignals makes PID 1 ignore what a command may send it: the kernel delivers to a
+// PID namespace's init, from inside, only the signals it handles, and the Go runtime
+// handles SIGTERM and the like by exiting. Here they are received and dropped.
+func ignoreSignals(log *slog.Logger) {
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP, unix.SIGQUIT, unix.SIGUSR1, unix.SIGUSR2)
+	go func() {
+		for s := range sigs {
+			log.Debug("ignored a signal", "signal", s)
+		}
+	}()
+}
+
+// starter is the thread every command is started from (executor.Config.StartOn): locked
+// to its goroutine for the life of init, with its bounding set confined to defaultCaps
+// (a bounding set is a thread's own, and a child starts with the forking thread's; the
+// thread's own effective and permitted sets go with the rest of the process's, in
+// serveConfined). It is made as init starts, so that the thread's creation and its
+// thirty-odd prctl calls happen while init builds the root filesystem rather than after,
+// and so that the relay's goroutine need not be locked to it: a locked goroutine hands
+// its thread over and back at every blocking step (reading the next request, waiting for
+// the command, its pipes), where one start handed over is one round trip.
+type starter struct {
+	starts chan func()
+	ready  chan error // one value: whether the thread is confined
+	err    error
+	once   sync.Once
+}
+
+func newStarter() *starter {
+	s := &starter{starts: make(chan func()), ready: make(chan error, 1)}
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread lives as long as init
+		if err := linux.LimitThreadCaps(defaultCaps); err != nil {
+			s.ready <- fmt.Errorf("sandbox init: confining the thread commands start from: %w", err)
+			return
+		}
+		s.ready <- nil
+		for f := range s.starts {
+			f()
+		}
+	}()
+	return s
+}
+
+// wait returns once the thread is confined, or why it could not be.
+func (s *starter) wait() error {
+	s.once.Do(func() { s.err = <-s.ready })
+	return s.err
+}
+
+// start runs a command's start on the thread.
+func (s *starter) start(f func() error) error {
+	if err := s.wait(); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	s.starts <- func() { done <- f() }
+	return <-done
 }
 
 // dialTimeout bounds one connection attempt to a port inside the sandbox.

@@ -167,7 +167,7 @@ func newGroup(ms machineShape) (*cgroup.Group, error) {
 	if ms.none {
 		return nil, nil
 	}
-	reaperOnce.Do(startReaper)
+	go reaperOnce.Do(startReaper) // beside the group, not before it: waitReaper
 	g, err := cgroup.Create("sandbox-"+strconv.FormatUint(groupSeq.Add(1), 10), ms.limits)
 	if errors.Is(err, cgroup.ErrCannotEnforce) {
 		return nil, fmt.Errorf("%w: %v", backend.ErrUnsupportedMachine, err)
@@ -326,13 +326,17 @@ func (b *Backend) hintNetwork(network bool) {
 }
 
 // The cgroup reaper: a SIGKILLed server cannot remove its groups, and cgroupfs removes
-// nothing by itself (v1's release_agent is the host's, not ours to set). So the first
-// group a server makes comes with a small shell process, in a session of its own, that
-// waits for the server to go (its stdin is a pipe only the server holds: EOF when the
-// server is gone, however it ended), then kills whatever is left in the server's groups
+// nothing by itself (v1's release_agent is the host's, not ours to set). So a server
+// that makes groups starts a small shell process, in a session of its own, that waits
+// for the server to go (its stdin is a pipe only the server holds: EOF when the server
+// is gone, however it ended), then kills whatever is left in the server's groups
 // (NAME@PID-START in each hierarchy) and removes them, and exits. After a clean end
-// there is nothing left for it to do. ReapStale, when a backend is made, is the second
-// net.
+// there is nothing left for it to do. It is started as the backend is made and beside
+// the first group, not before it (a process start, ~1 ms, that need not delay init's),
+// and every boot waits for it before it returns (waitReaper): a session runs nothing
+// before its server's reaper is there. A server killed in the millisecond between would
+// leave groups with nothing in them but an init its parent-death signal kills; ReapStale,
+// when a backend is made, removes them — the second net.
 var (
 	reaperOnce sync.Once
 	reaperPipe *os.File // held for the life of the server
@@ -357,6 +361,9 @@ while [ $i -lt 200 ]; do
 	sleep 0.05
 done
 exit 1`
+
+// waitReaper returns once this server's reaper has been started (or could not be).
+func waitReaper() { reaperOnce.Do(startReaper) }
 
 func startReaper() {
 	info := cgroup.Detect()
