@@ -522,6 +522,12 @@ func loopbackUp() error {
 // the thread commands are started from); otherwise the calling thread is confined and
 // executes this program again, so every thread of the serving stage starts confined.
 func serveConfined(log *slog.Logger, conn *net.UnixConn, s2 stage2, starts *starter) error {
+	// The thread commands start from confines its bounding set with the capabilities it
+	// was born with (its last step writes its sets back as it read them): it must be done
+	// before every thread's sets shrink, or that write-back is refused.
+	if err := starts.wait(); err != nil {
+		return err
+	}
 	err := linux.LimitProcessCaps(defaultCaps)
 	if err == nil {
 		return serve(log, conn, s2, starts)
