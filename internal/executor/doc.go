@@ -109,7 +109,11 @@
 // zombies re-parented to it, at the start and end of each Exec and in
 // KillAll: only zombies whose parent is this process, that are outside this
 // process's own process group, and that are not a command os/exec is
-// waiting on. A program that sets Subreaper should therefore run one
+// waiting on. It looks first with one waitid(WNOWAIT), which says whether any
+// child has ended without reaping it, and reads /proc to find which only when
+// one has: the usual exec leaves nothing to reap, and the /proc walk was half
+// of what an exec of /bin/true cost a sandbox's PID 1. A program that sets
+// Subreaper should therefore run one
 // Executor, and start any other children of its own without Setpgid (they
 // stay in its group and are left alone). An executor running as PID 1
 // (sandbox, VM) should set Subreaper too: orphans come to PID 1 anyway, and
