@@ -480,6 +480,9 @@ func (b *Backend) prespawn() {
 		t1 := time.Now()
 		m, err := b.spawn(g)
 		b.log.Debug("init spawned ahead", "cgroup", t1.Sub(t0), "spawn", time.Since(t1), "err", err)
+		// What a SIGKILLed server left, and this server's reaper: after the spawn, so
+		// that neither competes with it for the CPU (Boot waits for the reaper).
+		go reapStaleGroups()
 		if err != nil {
 			if g != nil {
 				g.Destroy()

@@ -251,10 +251,11 @@
 // A server killed with SIGKILL cannot remove its groups: it starts a reaper, a small
 // shell in a session of its own that waits for the server to go (EOF on a pipe only the
 // server holds) and then kills what is left in the server's groups and removes them —
-// started as the backend is made, beside the first group rather than before it (a
-// process start that need not delay init's), and every boot waits for it before it
-// returns, so nothing a session runs is ever without one; and a new backend removes
-// groups of dead servers (cgroup.ReapStale) as it is made.
+// started as the backend is made, or (WithPrespawn) once the init spawned ahead has
+// been, rather than before its group (a process start that need not delay init's), and
+// every boot waits for it before it returns, so nothing a session runs is ever without
+// one; and a new backend removes groups of dead servers (cgroup.ReapStale) at the same
+// moment.
 //
 // gpu true hands the host's NVIDIA devices (/dev/nvidia0…, nvidiactl, nvidia-uvm,
 // nvidia-modeset, nvidia-caps) to the session, bound into its /dev; the driver's

@@ -167,7 +167,6 @@ func newGroup(ms machineShape) (*cgroup.Group, error) {
 	if ms.none {
 		return nil, nil
 	}
-	go reaperOnce.Do(startReaper) // beside the group, not before it: waitReaper
 	g, err := cgroup.Create("sandbox-"+strconv.FormatUint(groupSeq.Add(1), 10), ms.limits)
 	if errors.Is(err, cgroup.ErrCannotEnforce) {
 		return nil, fmt.Errorf("%w: %v", backend.ErrUnsupportedMachine, err)
@@ -331,10 +330,11 @@ func (b *Backend) hintNetwork(network bool) {
 // for the server to go (its stdin is a pipe only the server holds: EOF when the server
 // is gone, however it ended), then kills whatever is left in the server's groups
 // (NAME@PID-START in each hierarchy) and removes them, and exits. After a clean end
-// there is nothing left for it to do. It is started as the backend is made and beside
-// the first group, not before it (a process start, ~1 ms, that need not delay init's),
-// and every boot waits for it before it returns (waitReaper): a session runs nothing
-// before its server's reaper is there. A server killed in the millisecond between would
+// there is nothing left for it to do. It is started as the backend is made, or with
+// WithPrespawn once the init spawned ahead is (a process start, 0.5–1.5 ms here, that
+// need not compete with init's cgroup and spawn for the CPU), and every boot waits for it
+// before it returns (waitReaper): a session runs nothing before its server's reaper is
+// there. A server killed in the millisecond between would
 // leave groups with nothing in them but an init its parent-death signal kills; ReapStale,
 // when a backend is made, removes them — the second net.
 var (

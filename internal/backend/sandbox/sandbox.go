@@ -78,13 +78,14 @@ func WithLogger(l *slog.Logger) Option { return func(b *Backend) { b.log = l } }
 
 // New makes the sandbox backend.
 func New(opts ...Option) *Backend {
-	go reapStaleGroups() // what a SIGKILLed server left
 	b := &Backend{exe: "/proc/self/exe", log: slog.New(slog.DiscardHandler), rootless: os.Geteuid() != 0}
 	for _, o := range opts {
 		o(b)
 	}
 	if b.early {
-		b.prespawn()
+		b.prespawn() // and, once it has spawned init, reapStaleGroups
+	} else {
+		go reapStaleGroups() // what a SIGKILLed server left, and this server's reaper
 	}
 	return b
 }
