@@ -138,20 +138,34 @@ func hostImageKey() (string, error) {
 		if err != nil || !fi.IsDir() {
 			continue
 		}
-		// Directories: every directory's own times (a file added, removed or replaced by
-		// rename — as dpkg and update-alternatives do — changes them) and every regular
-		// file's (an edit in place). Symlinks change only by replacement.
-		filepath.WalkDir(p, func(q string, d fs.DirEntry, err error) error {
-			if err != nil || q == p {
-				return nil
-			}
-			if d.IsDir() || d.Type().IsRegular() {
-				statInto(h, q)
-			}
-			return nil
-		})
+		statBelow(h, p)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+// statBelow hashes what is below directory p: every directory's own times (a file added,
+// removed or replaced by rename — as dpkg and update-alternatives do — changes them) and
+// every regular file's (an edit in place). Symlinks change only by replacement, so they
+// are listed but not looked at. Entries are taken in the directory's own order, not
+// sorted: a directory whose order changed was written to, which its times say anyway.
+// (/etc/ssl/certs and /etc/alternatives hold hundreds of links: this is on the path of a
+// server's first boot.)
+func statBelow(h io.Writer, p string) {
+	f, err := os.Open(p)
+	if err != nil {
+		return
+	}
+	ents, _ := f.ReadDir(-1)
+	f.Close()
+	for _, e := range ents {
+		if t := e.Type(); t.IsDir() || t.IsRegular() {
+			q := p + "/" + e.Name()
+			statInto(h, q)
+			if t.IsDir() {
+				statBelow(h, q)
+			}
+		}
+	}
 }
 
 func statInto(w io.Writer, p string) {
