@@ -302,9 +302,6 @@ func (e *Executor) reap() {
 	}
 }
 
-// childPids lists the children of this process, from
-// /proc/self/task/*/children when the kernel has it, else by a scan of
-// /proc.
 // zombieChild says whether any child of this process has ended and waits to be reaped,
 // without reaping it (WNOWAIT): one system call, where finding which child it is and
 // whether it is ours to reap reads /proc — most calls of reap find nothing, and that scan
@@ -317,6 +314,9 @@ func zombieChild() bool {
 	return !(err == nil && info.Signo == 0) && !errors.Is(err, unix.ECHILD)
 }
 
+// childPids lists the children of this process, from
+// /proc/self/task/*/children when the kernel has it, else by a scan of
+// /proc.
 func childPids(self int) []int {
 	tasks, err := os.ReadDir("/proc/self/task")
 	if err == nil {

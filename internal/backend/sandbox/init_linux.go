@@ -518,8 +518,8 @@ func loopbackUp() error {
 
 // serveConfined drops every capability but defaultCaps and sets no_new_privs for the
 // whole process, then serves. Capabilities belong to threads: where the Go runtime owns
-// every thread (no cgo) one call reaches them all (and serve confines the bounding set of
-// the thread commands are started from); otherwise the calling thread is confined and
+// every thread (no cgo) one call reaches them all (and starts, made as init started, holds
+// the bounding set commands start with); otherwise the calling thread is confined and
 // executes this program again, so every thread of the serving stage starts confined.
 func serveConfined(log *slog.Logger, conn *net.UnixConn, s2 stage2, starts *starter) error {
 	// The thread commands start from confines its bounding set with the capabilities it
