@@ -327,22 +327,22 @@ func (b *Backend) hintNetwork(network bool) {
 // The cgroup reaper: a SIGKILLed server cannot remove its groups, and cgroupfs removes
 // nothing by itself (v1's release_agent is the host's, not ours to set). So a server
 // that makes groups starts a small shell process, in a session of its own, that waits
-// for the server to go (its stdin is a pipe only the server holds: EOF when the server
-// is gone, however it ended), then kills whatever is left in the server's groups
-// (NAME@PID-START in each hierarchy) and removes them, and exits. After a clean end
-// there is nothing left for it to do. It is started as the backend is made, or with
-// WithPrespawn once the init spawned ahead is (a process start, 0.5–1.5 ms here, that
-// need not compete with init's cgroup and spawn for the CPU), and every boot waits for it
-// before it returns (waitReaper): a session runs nothing before its server's reaper is
-// there. A server killed in the millisecond between would
-// leave groups with nothing in them but an init its parent-death signal kills; ReapStale,
-// when a backend is made, removes them — the second net.
+// for the server to go (its stdin is a pipe only the server holds, read with the shell's
+// own `read` — no `cat` process — until EOF, when the server is gone however it ended),
+// then kills whatever is left in the server's groups (NAME@PID-START in each hierarchy)
+// and removes them, and exits. After a clean end there is nothing left for it to do. It
+// is started as the backend is made, or with WithPrespawn once the init spawned ahead is
+// (a process start, 0.5–1.5 ms of CPU here, that need not compete with init's cgroup and
+// spawn), and every boot waits for it before it returns (waitReaper): a session runs
+// nothing before its server's reaper is there. A server killed in the millisecond
+// between would leave groups with nothing in them but an init its parent-death signal
+// kills; ReapStale, when a backend is made, removes them — the second net.
 var (
 	reaperOnce sync.Once
 	reaperPipe *os.File // held for the life of the server
 )
 
-const reaperScript = `cat >/dev/null
+const reaperScript = `while read -r _; do :; done
 suffix=$1; shift
 i=0
 while [ $i -lt 200 ]; do
