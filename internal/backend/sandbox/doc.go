@@ -60,8 +60,9 @@
 // modes, owners and times of the curated /etc files and of every directory and regular
 // file below the curated directories, and how /bin, /lib* stand — so a boot costs a few
 // dozen stat calls and no copying, and a change on the host (a package upgrade, an edited
-// resolv.conf) gives a new image. Images no process holds (a shared flock) are removed
-// when a new one is built. The curated /etc is passwd, group, resolv.conf (its content, if
+// resolv.conf) gives a new image. Images no process holds (a shared flock) and none has used
+// for an hour are removed when a new one is built (two virtx builds sharing a cache keep
+// their own). The curated /etc is passwd, group, resolv.conf (its content, if
 // a link), nsswitch.conf, hosts (written: localhost and the sandbox's name), hostname,
 // ld.so.conf(.d), ld.so.cache, alternatives, ssl (less ssl/private), ca-certificates,
 // os-release, localtime, timezone, profile(.d), bash.bashrc, environment, shells, skel,

@@ -19,6 +19,10 @@ import (
 // built by an older virtx is never taken for a current one.
 const hostImageVersion = "1"
 
+// hostImageKeep is how long an image no process holds is kept after its last use
+// (collectHostImages).
+const hostImageKeep = time.Hour
+
 // hostDirs are the host's directories the host image shows as they are (read-only
 // lowers, each under an overlay of its own). /bin, /sbin and /lib* are symlinks into
 // /usr on a merged-/usr host (Debian 12) and then come as those symlinks instead.
@@ -109,10 +113,14 @@ func openHostImage(dir string) (*hostImage, error) {
 		lock.Close()
 		return nil, fmt.Errorf("host image: flock: %w", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "ready")); err != nil {
+	ready := filepath.Join(dir, "ready")
+	if _, err := os.Stat(ready); err != nil {
 		lock.Close() // collected under us, or never finished
 		return nil, err
 	}
+	now := time.Now()
+	os.Chtimes(ready, now, now) // its last use (collectHostImages); a read-only cache keeps the old time
+
 	img := &hostImage{dir: dir, lock: lock}
 	img.overlays = append(img.overlays, overlay{Target: "/", Lowers: []string{filepath.Join(dir, "root")}, Sub: "root"})
 	for _, d := range hostDirs {
@@ -381,6 +389,11 @@ func copyFile(src, dst string, mode uint32) error {
 
 // collectHostImages removes images other than keep that no process holds, and build
 // directories a killed builder left (older than a minute).
+//
+// An image used within hostImageKeep is kept too, held or not: two virtx builds whose
+// keys differ (a packaged virtx and a development build, or two versions), used in turn
+// on one cache, would otherwise each remove the other's image and rebuild its own at
+// every first boot (~0.2 s each time).
 func collectHostImages(base, keep string) {
 	entries, err := os.ReadDir(base)
 	if err != nil {
@@ -390,6 +403,9 @@ func collectHostImages(base, keep string) {
 		p := filepath.Join(base, e.Name())
 		switch {
 		case strings.HasPrefix(e.Name(), "host-") && p != keep:
+			if fi, err := os.Stat(filepath.Join(p, "ready")); err == nil && time.Since(fi.ModTime()) < hostImageKeep {
+				continue // used lately
+			}
 			lock, err := os.Open(filepath.Join(p, "lock"))
 			if err != nil {
 				os.RemoveAll(p) // never finished

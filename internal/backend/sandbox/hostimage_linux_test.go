@@ -85,7 +85,9 @@ func TestHostImage(t *testing.T) {
 	}
 	again.close()
 
-	// An edit in place of a file inside a curated directory is a new image.
+	// An edit in place of a file inside a curated directory is a new image. The old one,
+	// held by nobody now but used a moment ago, is kept (another virtx build may still
+	// want it); once its last use is older than hostImageKeep, the next build removes it.
 	time.Sleep(10 * time.Millisecond)
 	write("ssl/openssl.cnf", "changed\n", 0o644)
 	img.close() // nobody holds the old one now
@@ -93,18 +95,31 @@ func TestHostImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer next.close()
+	next.close()
 	if next.dir == img.dir {
 		t.Fatal("a changed /etc gave the same image")
 	}
 	if b, _ := os.ReadFile(filepath.Join(next.dir, "etc/ssl/openssl.cnf")); string(b) != "changed\n" {
 		t.Fatalf("the new image has %q", b)
 	}
+	if _, err := os.Stat(img.dir); err != nil {
+		t.Fatalf("the image used a moment ago was collected: %v", err)
+	}
+	long := time.Now().Add(-hostImageKeep - time.Minute)
+	if err := os.Chtimes(filepath.Join(img.dir, "ready"), long, long); err != nil {
+		t.Fatal(err)
+	}
+	write("ssl/openssl.cnf", "changed again\n", 0o644)
+	last, err := prepareHostImage(cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer last.close()
 	if _, err := os.Stat(img.dir); err == nil {
-		t.Fatal("the old image was not collected")
+		t.Fatal("the image unused for longer than hostImageKeep was not collected")
 	}
 	ents, _ := os.ReadDir(filepath.Join(cache, "sandbox"))
-	if len(ents) != 1 {
-		t.Fatalf("the cache holds %d entries, want the one image", len(ents))
+	if len(ents) != 2 {
+		t.Fatalf("the cache holds %d entries, want the last two images", len(ents))
 	}
 }
