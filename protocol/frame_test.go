@@ -125,23 +125,35 @@ func (c *countingReader) Read(p []byte) (int, error) {
 }
 
 // allocated reports the bytes f allocated on the heap.
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.GC()
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
+// allocated is how many bytes the function prepare returns allocates when called, the least
+// of three tries, each with a function of its own: TotalAlloc counts every goroutine's
+// allocations, and one running meanwhile (the test framework's, the race detector's)
+// would otherwise be charged to it.
+func allocated(prepare func() func()) uint64 {
+	least := ^uint64(0)
+	for range 3 {
+		f := prepare()
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		f()
+		runtime.ReadMemStats(&after)
+		least = min(least, after.TotalAlloc-before.TotalAlloc)
+	}
+	return least
 }
 
 // A header claiming 1 GiB is refused before anything of that size is allocated, and
 // without reading past the header.
 func TestReadFrameTooLargeNotAllocated(t *testing.T) {
 	for _, rd := range readers {
-		src := &countingReader{r: bytes.NewReader(append(header(1<<30), "tiny"...))}
-		read := rd.read(src) // the FrameReader's own buffer is allocated here, not below
+		var src *countingReader
 		var err error
-		n := allocated(func() { _, err = read() })
+		n := allocated(func() func() {
+			src = &countingReader{r: bytes.NewReader(append(header(1<<30), "tiny"...))}
+			read := rd.read(src) // the FrameReader's own buffer is allocated here, not below
+			return func() { _, err = read() }
+		})
 		if !errors.Is(err, ErrFrameTooLarge) {
 			t.Errorf("%s: %v, want ErrFrameTooLarge", rd.name, err)
 		}
@@ -159,9 +171,11 @@ func TestReadFrameTooLargeNotAllocated(t *testing.T) {
 func TestReadFrameTruncatedNotAllocated(t *testing.T) {
 	for _, supplied := range []int{11, 1 << 20} {
 		for _, rd := range readers {
-			read := rd.read(bytes.NewReader(append(header(MaxPayload), make([]byte, supplied)...)))
 			var err error
-			n := allocated(func() { _, err = read() })
+			n := allocated(func() func() {
+				read := rd.read(bytes.NewReader(append(header(MaxPayload), make([]byte, supplied)...)))
+				return func() { _, err = read() }
+			})
 			if !errors.Is(err, ErrTruncated) {
 				t.Errorf("%s: %v, want ErrTruncated", rd.name, err)
 			}
