@@ -124,7 +124,6 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// allocated reports the bytes f allocated on the heap.
 // allocated is how many bytes the function prepare returns allocates when called, the least
 // of three tries, each with a function of its own: TotalAlloc counts every goroutine's
 // allocations, and one running meanwhile (the test framework's, the race detector's)
