@@ -260,7 +260,7 @@ func idleSessions(ctx context.Context, server []string, n int) idleRSS {
 		}
 	}
 	// Idle: the runtimes settle, and server and init, with nothing to do for
-	// linux.IdleTrimAfter, hand back their pages of the binary (linux.TrimWhenIdle).
+	// linux.IdleTrimAfter, hand back their pages of the binary (linux.IdleTrimmer).
 	time.Sleep(linux.IdleTrimAfter + 2*time.Second)
 	runtime.GC()
 	me := os.Getpid()

@@ -224,7 +224,7 @@ func (b *Backend) Boot(ctx context.Context, spec *backend.Spec) (backend.Machine
 		err = m.netUp(ctx)
 	}
 	if m.group != nil {
-		waitReaper() // started beside the group; before the session runs anything
+		waitReaper() // started with the backend or after init's spawn: there before the session runs anything
 	}
 	if err != nil {
 		m.Shutdown(ctx)

@@ -120,7 +120,6 @@ func openHostImage(dir string) (*hostImage, error) {
 	}
 	now := time.Now()
 	os.Chtimes(ready, now, now) // its last use (collectHostImages); a read-only cache keeps the old time
-
 	img := &hostImage{dir: dir, lock: lock}
 	img.overlays = append(img.overlays, overlay{Target: "/", Lowers: []string{filepath.Join(dir, "root")}, Sub: "root"})
 	for _, d := range hostDirs {
