@@ -1,7 +1,8 @@
 // Package linux wraps the Linux system calls virtx's boundaries are built from: the new
 // mount API (fsopen, fsconfig, fsmount, open_tree, move_mount, mount_setattr), pivot_root,
-// the capability bounding set, no_new_privs, the host name, and passing file descriptors
-// over a Unix socket.
+// the capability bounding set, no_new_privs, the host name, passing file descriptors
+// over a Unix socket, and handing back an idle process's pages of its own binary
+// (madvise: IdleTrimmer, which `virtx serve` and a sandbox's init run).
 //
 // Each call is wrapped once, here, so that every error says which operation failed and on
 // what ("fsconfig overlay lowerdir+: invalid argument") while still matching its errno:
